@@ -1,0 +1,157 @@
+"""Qwen3-TTS-Tokenizer-12Hz decoder: codec frames [B, 16, T] -> 24 kHz audio [B, 1, T*1920].
+
+Module names mirror the checkpoint's ``decoder.*`` keys. The forward is split where streaming
+needs it: ``front`` (dequantize, pre_conv, transformer; state includes the KV window) and
+``back`` (upsamplers and the conv decoder; state is conv history only, a few frames deep).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from code2wav.model.config import DecoderConfig
+from code2wav.model.layers import CausalConv1d, CausalConvTranspose1d, ConvNeXtBlock, DecoderBlock, SnakeBeta
+from code2wav.model.streaming import Step, StreamingLayer, assign_state_keys, state_shapes
+from code2wav.model.transformer import Transformer
+
+
+class Codebook(nn.Module):
+    def __init__(self, size: int, dim: int):
+        super().__init__()
+        self.cluster_usage = nn.Parameter(torch.ones(size))
+        self.embedding_sum = nn.Parameter(torch.zeros(size, dim))
+
+    def embedding(self) -> Tensor:
+        return self.embedding_sum / self.cluster_usage.clamp(min=1e-5)[:, None]
+
+
+class _VQLayer(nn.Module):
+    def __init__(self, size: int, dim: int):
+        super().__init__()
+        self._codebook = Codebook(size, dim)
+
+
+class _VQStack(nn.Module):
+    def __init__(self, n: int, size: int, dim: int):
+        super().__init__()
+        self.layers = nn.ModuleList([_VQLayer(size, dim) for _ in range(n)])
+
+
+class RVQGroup(nn.Module):
+    """One group of the split RVQ: codebooks summed, then a 1x1 ``output_proj``.
+    ``input_proj`` belongs to the encoder side and is loaded but never used."""
+
+    def __init__(self, n: int, size: int, dim: int, out_dim: int):
+        super().__init__()
+        self.input_proj = nn.Conv1d(out_dim, dim, 1, bias=False)
+        self.output_proj = nn.Conv1d(dim, out_dim, 1, bias=False)
+        self.vq = _VQStack(n, size, dim)
+
+    def projected_tables(self) -> Tensor:
+        """[n, size, out_dim]: each codebook already passed through ``output_proj`` (it is linear)."""
+        w = self.output_proj.weight[:, :, 0].double()
+        return torch.stack([layer._codebook.embedding().double() @ w.T for layer in self.vq.layers])
+
+
+class SplitRVQ(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        dim = cfg.codebook_dim // 2
+        n_sem = cfg.num_semantic_quantizers
+        self.rvq_first = RVQGroup(n_sem, cfg.codebook_size, dim, cfg.codebook_dim)
+        self.rvq_rest = RVQGroup(cfg.num_quantizers - n_sem, cfg.codebook_size, dim, cfg.codebook_dim)
+        self.codebook_size = cfg.codebook_size
+        self.register_buffer("table", None, persistent=False)
+        self.register_buffer(
+            "offsets", torch.arange(cfg.num_quantizers) * cfg.codebook_size, persistent=False
+        )
+
+    @torch.no_grad()
+    def fold(self, dtype: torch.dtype | None = None) -> None:
+        """Fold ``embedding_sum / cluster_usage`` and ``output_proj`` into one lookup table (in
+        float64, then ``dtype``): dequantizing becomes a single embedding-bag sum."""
+        tables = torch.cat([self.rvq_first.projected_tables(), self.rvq_rest.projected_tables()])
+        self.table = tables.flatten(0, 1).to(dtype or self.rvq_first.output_proj.weight.dtype)
+
+    def forward(self, codes: Tensor) -> Tensor:
+        """codes [B, Q, T] in [0, codebook_size) -> [B, codebook_dim, T]."""
+        if self.table is None:
+            raise RuntimeError("codebooks are not folded: call Decoder.fold_codebooks() after loading weights")
+        B, Q, T = codes.shape
+        idx = (codes.transpose(1, 2) + self.offsets).reshape(B * T, Q)
+        out = F.embedding_bag(idx, self.table, mode="sum")
+        return out.view(B, T, -1).transpose(1, 2)
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.config = cfg
+        self.quantizer = SplitRVQ(cfg)
+        self.pre_conv = CausalConv1d(cfg.codebook_dim, cfg.latent_dim, 3, rate=1)
+        self.pre_transformer = Transformer(cfg)
+        rate = 1
+        upsample = []
+        for f in cfg.upsampling_ratios:
+            upsample.append(
+                nn.ModuleList(
+                    [CausalConvTranspose1d(cfg.latent_dim, cfg.latent_dim, f, f, rate=rate), ConvNeXtBlock(cfg.latent_dim, rate * f)]
+                )
+            )
+            rate *= f
+        self.upsample = nn.ModuleList(upsample)
+        decoder: list[nn.Module] = [CausalConv1d(cfg.latent_dim, cfg.decoder_dim, 7, rate=rate)]
+        for i, r in enumerate(cfg.upsample_rates):
+            decoder.append(DecoderBlock(cfg.decoder_dim >> i, cfg.decoder_dim >> (i + 1), r, rate))
+            rate *= r
+        out_dim = cfg.decoder_dim >> len(cfg.upsample_rates)
+        decoder += [SnakeBeta(out_dim), CausalConv1d(out_dim, 1, 7, rate=rate)]
+        self.decoder = nn.ModuleList(decoder)
+        assign_state_keys(self)
+
+    # -- streaming metadata ---------------------------------------------------------------------
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Per-stream state: pool key -> shape of one stream's entry."""
+        return state_shapes(self)
+
+    def back_context_frames(self) -> int:
+        """Frames of transformer output the ``back`` stack must see to rebuild its state exactly:
+        the sum over its layers of history / input rate (in frames), rounded up. Everything past
+        that horizon has no influence on the state, so a long reference prefix costs the conv
+        stack only this many frames (tests check both the bound and that one less is not enough)."""
+        frames = sum(
+            m.history / m.rate for m in self.back_modules() if isinstance(m, StreamingLayer)
+        )
+        return math.ceil(frames)
+
+    def back_modules(self):
+        yield from self.upsample.modules()
+        yield from self.decoder.modules()
+
+    def fold_codebooks(self, dtype: torch.dtype | None = None) -> None:
+        self.quantizer.fold(dtype)
+
+    # -- compute --------------------------------------------------------------------------------
+
+    def front(self, codes: Tensor, step: Step | None = None) -> Tensor:
+        """codes [B, Q, T] -> transformer output [B, latent_dim, T]."""
+        h = self.pre_conv(self.quantizer(codes), step)
+        return self.pre_transformer(h.transpose(1, 2), step).transpose(1, 2)
+
+    def back(self, hidden: Tensor, step: Step | None = None) -> Tensor:
+        """[B, latent_dim, T] -> audio [B, 1, T * samples_per_frame], clamped to [-1, 1]."""
+        h = hidden
+        for convt, block in self.upsample:
+            h = block(convt(h, step), step)
+        for layer in self.decoder:
+            h = layer(h) if isinstance(layer, SnakeBeta) else layer(h, step)
+        return h.clamp(-1.0, 1.0)
+
+    def forward(self, codes: Tensor, step: Step | None = None) -> Tensor:
+        """Whole-utterance forward (``step=None``) or one streaming step."""
+        return self.back(self.front(codes, step), step)

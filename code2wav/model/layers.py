@@ -1,0 +1,128 @@
+"""Convolutional layers of the decoder, each a :class:`StreamingLayer` where it has a past.
+
+Attribute names mirror the checkpoint (``conv``, ``dwconv``, ``pwconv1``, ``block`` ...), so a
+state dict loads without renaming.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from code2wav.model.streaming import Step, StreamingLayer
+
+
+class CausalConv1d(StreamingLayer):
+    """Conv1d with ``(k-1)*d`` samples of left context and none on the right (stride 1)."""
+
+    def __init__(self, c_in: int, c_out: int, kernel: int, dilation: int = 1, groups: int = 1, rate: int = 1):
+        super().__init__()
+        self.conv = nn.Conv1d(c_in, c_out, kernel, dilation=dilation, groups=groups)
+        self.history = (kernel - 1) * dilation
+        self.rate = rate
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        if not self.history:
+            return {}
+        return {self.state_key: (self.conv.in_channels, self.history)}
+
+    def forward(self, x: Tensor, step: Step | None = None) -> Tensor:
+        if not self.history:
+            return self.conv(x)
+        xx = torch.cat([self._read_history(x, step, self.state_key), x], dim=-1)
+        self._write_history(xx, step, self.state_key)
+        return self.conv(xx)
+
+
+class CausalConvTranspose1d(StreamingLayer):
+    """ConvTranspose1d(k, s) with the last ``k - s`` samples dropped, for ``s <= k <= 2s``.
+
+    Output block ``n`` (``s`` samples) sees inputs ``n`` and ``n-1`` only, so one previous input
+    sample is all the history it needs; a zero history adds nothing, like the plain forward.
+    """
+
+    def __init__(self, c_in: int, c_out: int, kernel: int, stride: int, rate: int = 1):
+        super().__init__()
+        if not stride <= kernel <= 2 * stride:
+            raise ValueError(f"causal ConvTranspose needs stride <= kernel <= 2*stride, got k={kernel} s={stride}")
+        self.conv = nn.ConvTranspose1d(c_in, c_out, kernel, stride=stride)
+        self.stride = stride
+        self.history = 1 if kernel > stride else 0
+        self.rate = rate
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        if not self.history:
+            return {}
+        return {self.state_key: (self.conv.in_channels, self.history)}
+
+    def forward(self, x: Tensor, step: Step | None = None) -> Tensor:
+        n = x.shape[-1] * self.stride
+        if not self.history:
+            return self.conv(x)[..., :n]
+        xx = torch.cat([self._read_history(x, step, self.state_key), x], dim=-1)
+        self._write_history(xx, step, self.state_key)
+        return self.conv(xx)[..., self.stride : self.stride + n]
+
+
+class SnakeBeta(nn.Module):
+    """``x + sin(x * e^alpha)^2 / (e^beta + 1e-9)``, per channel; alpha and beta stored as logs."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.zeros(channels))
+        self.beta = nn.Parameter(torch.zeros(channels))
+
+    def forward(self, x: Tensor) -> Tensor:
+        alpha = self.alpha.exp()[:, None]
+        inv_beta = 1.0 / (self.beta.exp()[:, None] + 1e-9)
+        return x + inv_beta * torch.sin(x * alpha).pow(2)
+
+
+class ConvNeXtBlock(nn.Module):
+    """Causal depthwise conv k=7, channel LayerNorm (fp32), MLP x4 with exact GELU, gamma, residual."""
+
+    def __init__(self, dim: int, rate: int):
+        super().__init__()
+        self.dwconv = CausalConv1d(dim, dim, 7, groups=dim, rate=rate)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor, step: Step | None = None) -> Tensor:
+        h = self.dwconv(x, step).transpose(1, 2)
+        acc = torch.promote_types(h.dtype, torch.float32)
+        h = F.layer_norm(h.to(acc), (h.shape[-1],), self.norm.weight.to(acc), self.norm.bias.to(acc), self.norm.eps)
+        h = self.pwconv2(F.gelu(self.pwconv1(h.to(x.dtype))))
+        return x + (self.gamma * h).transpose(1, 2)
+
+
+class ResidualUnit(nn.Module):
+    def __init__(self, dim: int, dilation: int, rate: int):
+        super().__init__()
+        self.act1 = SnakeBeta(dim)
+        self.conv1 = CausalConv1d(dim, dim, 7, dilation=dilation, rate=rate)
+        self.act2 = SnakeBeta(dim)
+        self.conv2 = CausalConv1d(dim, dim, 1, rate=rate)
+
+    def forward(self, x: Tensor, step: Step | None = None) -> Tensor:
+        return x + self.conv2(self.act2(self.conv1(self.act1(x), step)), step)
+
+
+class DecoderBlock(nn.Module):
+    """SnakeBeta, causal ConvTranspose (k=2r, s=r), three residual units (dilation 1, 3, 9)."""
+
+    def __init__(self, c_in: int, c_out: int, upsample: int, rate: int):
+        super().__init__()
+        out_rate = rate * upsample
+        self.block = nn.ModuleList(
+            [SnakeBeta(c_in), CausalConvTranspose1d(c_in, c_out, 2 * upsample, upsample, rate=rate)]
+            + [ResidualUnit(c_out, d, rate=out_rate) for d in (1, 3, 9)]
+        )
+
+    def forward(self, x: Tensor, step: Step | None = None) -> Tensor:
+        x = self.block[0](x)
+        for layer in self.block[1:]:
+            x = layer(x, step)
+        return x

@@ -1,0 +1,179 @@
+"""Find and load a Qwen3-TTS-Tokenizer-12Hz decoder checkpoint.
+
+Accepted ``--model`` forms:
+  * a tokenizer directory holding ``config.json`` + ``model.safetensors`` (what the official
+    tokenizer's ``save_pretrained`` writes: ``decoder.*`` and ``encoder.*`` keys; the encoder half
+    is ignored);
+  * a full Qwen3-TTS model directory with that tokenizer under ``speech_tokenizer/``;
+  * a Hugging Face hub id (``Qwen/Qwen3-TTS-Tokenizer-12Hz`` or a full model's id);
+  * nothing: the embedded default, deterministic random weights of the real architecture that
+    code2wav writes once into its cache directory in the same layout and loads the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from code2wav.model.config import DecoderConfig
+from code2wav.model.decoder import Decoder
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+SUBFOLDER = "speech_tokenizer"
+PREFIX = "decoder."
+DEFAULT_SEED = 0
+
+
+class CheckpointError(RuntimeError):
+    """The checkpoint cannot be found, read, or does not match the decoder architecture."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("CODE2WAV_CACHE", Path.home() / ".cache" / "code2wav"))
+
+
+def _is_tokenizer_dir(p: Path) -> bool:
+    return (p / CONFIG_FILE).is_file() and (p / WEIGHTS_FILE).is_file()
+
+
+def resolve_checkpoint(spec: str | os.PathLike[str] | None) -> Path:
+    """Turn a ``--model`` value into a local tokenizer directory."""
+    if spec is None:
+        return default_checkpoint()
+    p = Path(spec).expanduser()
+    if p.exists():
+        for cand in (p, p / SUBFOLDER):
+            if _is_tokenizer_dir(cand):
+                return cand
+        raise CheckpointError(
+            f"{p}: not a tokenizer checkpoint (need {CONFIG_FILE} + {WEIGHTS_FILE} here or under {SUBFOLDER}/)"
+        )
+    return _download(str(spec))
+
+
+def _download(repo_id: str) -> Path:
+    if repo_id.count("/") != 1 or repo_id.startswith((".", "/")):
+        raise CheckpointError(f"{repo_id}: no such directory, and not a hub id of the form owner/name")
+    try:
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import EntryNotFoundError
+    except ImportError as e:  # pragma: no cover - huggingface_hub is a dependency
+        raise CheckpointError(f"huggingface_hub is needed to fetch {repo_id}") from e
+    try:
+        for sub in (SUBFOLDER, None):
+            try:
+                cfg = hf_hub_download(repo_id, CONFIG_FILE, subfolder=sub)
+                hf_hub_download(repo_id, WEIGHTS_FILE, subfolder=sub)
+                return Path(cfg).parent
+            except EntryNotFoundError:
+                continue
+    except CheckpointError:
+        raise
+    except Exception as e:  # offline, unknown repo, auth: all end the same way for the user
+        raise CheckpointError(
+            f"could not fetch {repo_id} from the Hugging Face hub ({type(e).__name__}); "
+            f"download it elsewhere and pass the local directory with --model PATH"
+        ) from e
+    raise CheckpointError(f"{repo_id}: no {CONFIG_FILE}/{WEIGHTS_FILE} at the root or under {SUBFOLDER}/")
+
+
+def read_config(ckpt: Path) -> DecoderConfig:
+    try:
+        raw = json.loads((ckpt / CONFIG_FILE).read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{ckpt / CONFIG_FILE}: unreadable ({e})") from e
+    dec = raw.get("decoder_config", raw)
+    if not isinstance(dec, dict):
+        raise CheckpointError(f"{ckpt / CONFIG_FILE}: decoder_config is not an object")
+    try:
+        return DecoderConfig.from_dict(dec, sample_rate=int(raw.get("output_sample_rate", 24000)))
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{ckpt / CONFIG_FILE}: bad decoder_config ({e})") from e
+
+
+def load_decoder(
+    spec: str | os.PathLike[str] | None = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> Decoder:
+    """Load the decoder, fold its codebooks and move it to ``device``/``dtype`` in eval mode."""
+    from safetensors import safe_open
+
+    ckpt = resolve_checkpoint(spec)
+    cfg = read_config(ckpt)
+    model = Decoder(cfg)
+    expected = model.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    try:
+        with safe_open(str(ckpt / WEIGHTS_FILE), framework="pt") as f:
+            for key in f.keys():
+                if key.startswith(PREFIX):
+                    tensors[key[len(PREFIX) :]] = f.get_tensor(key)
+    except Exception as e:
+        raise CheckpointError(f"{ckpt / WEIGHTS_FILE}: unreadable safetensors file ({e})") from e
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    mismatched = [
+        f"{k}: checkpoint {tuple(tensors[k].shape)} vs model {tuple(expected[k].shape)}"
+        for k in sorted(set(expected) & set(tensors))
+        if tensors[k].shape != expected[k].shape
+    ]
+    if missing or unexpected or mismatched:
+        lines = [f"{ckpt / WEIGHTS_FILE} does not match the decoder in {CONFIG_FILE}:"]
+        for title, items in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", mismatched)):
+            if items:
+                shown = ", ".join(PREFIX + i if title != "shape mismatch" else PREFIX + i for i in items[:20])
+                more = f" (+{len(items) - 20} more)" if len(items) > 20 else ""
+                lines.append(f"  {title} ({len(items)}): {shown}{more}")
+        raise CheckpointError("\n".join(lines))
+    # Fold in float64 from the stored weights, then cast once to the compute dtype.
+    work_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    model.load_state_dict({k: v.to(work_dtype) for k, v in tensors.items()}, strict=True, assign=True)
+    model.to(work_dtype)
+    model.fold_codebooks(dtype)
+    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+
+def default_checkpoint(seed: int = DEFAULT_SEED, quiet: bool = False) -> Path:
+    """The embedded default: random weights of the released architecture, written once."""
+    from code2wav.model.init import random_decoder
+    from safetensors.torch import save_file
+
+    target = cache_dir() / f"random-seed{seed}"
+    if not quiet:
+        print(
+            "code2wav: no --model given; using deterministic RANDOM weights of the real architecture "
+            f"(not the released Qwen3-TTS weights; the audio is noise) from {target}",
+            file=sys.stderr,
+        )
+    if _is_tokenizer_dir(target):
+        return target
+    cfg = DecoderConfig()
+    model = random_decoder(cfg, seed=seed)
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    save_file({PREFIX + k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp / WEIGHTS_FILE))
+    (tmp / CONFIG_FILE).write_text(json.dumps(checkpoint_config(cfg), indent=2))
+    try:
+        tmp.rename(target)
+    except OSError:  # another process won the race; use theirs
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def checkpoint_config(cfg: DecoderConfig) -> dict:
+    """The top-level tokenizer config.json for a decoder config (the official layout)."""
+    return {
+        "model_type": "qwen3_tts_tokenizer_12hz",
+        "decoder_config": cfg.to_dict(),
+        "output_sample_rate": cfg.sample_rate,
+        "decode_upsample_rate": cfg.samples_per_frame,
+        "code2wav_note": "random weights written by code2wav; not the released model",
+    }

@@ -1,0 +1,151 @@
+"""The decoder's ``pre_transformer``: 8 pre-norm layers with sliding-window causal attention.
+
+Streaming state per layer is the rotated keys and the values of the last ``sliding_window - 1``
+frames; cache entries whose absolute position is negative (a stream younger than the window)
+are masked, which is what makes cold, growing and rolling streams share one step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from code2wav.model.config import DecoderConfig
+from code2wav.model.streaming import Step, StreamingLayer, window
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Norms, softmax and RoPE run in fp32 at least (fp64 stays fp64)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = x.to(_acc_dtype(x.dtype))
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class LayerScale(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.scale * x
+
+
+class Rotary(nn.Module):
+    """RoPE on absolute frame positions. Angles are computed in fp32, as the reference model does."""
+
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        freqs = positions.float()[..., None] * self.inv_freq.float()
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos(), emb.sin()  # [B, T, head_dim]
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    acc = _acc_dtype(x.dtype)
+    h = x.to(acc)
+    x1, x2 = h.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (h * cos[:, None].to(acc) + rotated * sin[:, None].to(acc)).to(x.dtype)
+
+
+class Attention(StreamingLayer):
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
+        self.sliding_window = cfg.sliding_window
+        self.history = cfg.kv_window
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        shape = (self.n_kv, self.history, self.head_dim)
+        return {f"{self.state_key}.k": shape, f"{self.state_key}.v": shape}
+
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], q_pos: Tensor, step: Step | None) -> Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        q, k = _rotate(q, *rope), _rotate(k, *rope)
+        k_pos = q_pos
+        if step is not None:
+            W = self.history
+            k = torch.cat([step.gather(f"{self.state_key}.k").to(k.dtype), k], dim=2)
+            v = torch.cat([step.gather(f"{self.state_key}.v").to(v.dtype), v], dim=2)
+            step.scatter(f"{self.state_key}.k", window(k, step.n_new, W, dim=2))
+            step.scatter(f"{self.state_key}.v", window(v, step.n_new, W, dim=2))
+            k_pos = step.start[:, None] - W + torch.arange(W + T, device=x.device)
+        qp, kp = q_pos[:, :, None], k_pos[:, None, :]
+        mask = (kp <= qp) & (kp > qp - self.sliding_window) & (kp >= 0)
+        if self.n_kv != self.n_heads:
+            k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
+            v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], scale=1.0 / math.sqrt(self.head_dim))
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class TransformerLayer(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.self_attn_layer_scale = LayerScale(cfg.hidden_size)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+        self.mlp_layer_scale = LayerScale(cfg.hidden_size)
+
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], q_pos: Tensor, step: Step | None) -> Tensor:
+        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), rope, q_pos, step))
+        return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.input_proj = nn.Linear(cfg.latent_dim, cfg.hidden_size)
+        self.layers = nn.ModuleList([TransformerLayer(cfg) for _ in range(cfg.num_hidden_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.output_proj = nn.Linear(cfg.hidden_size, cfg.latent_dim)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
+
+    def forward(self, x: Tensor, step: Step | None = None) -> Tensor:
+        """``x``: [B, T, latent_dim] -> [B, T, latent_dim]."""
+        B, T, _ = x.shape
+        q_pos = torch.arange(T, device=x.device).expand(B, T)
+        if step is not None:
+            q_pos = step.start[:, None] + q_pos
+        rope = self.rotary(q_pos)
+        h = self.input_proj(x)
+        for layer in self.layers:
+            h = layer(h, rope, q_pos, step)
+        return self.output_proj(self.norm(h))
