@@ -1,0 +1,87 @@
+"""Validation of codec-frame payloads: the one place that decides what a bad input is."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+class CodesError(ValueError):
+    """A payload of codec frames is malformed. ``code`` is machine-readable."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def as_frames(
+    codes: object, num_quantizers: int, codebook_size: int, what: str = "codes", allow_empty: bool = False
+) -> Tensor:
+    """Check one stream's frames and return them as a ``[n, num_quantizers]`` int64 CPU tensor.
+
+    Accepts a tensor, numpy array or nested list of integers shaped ``[n, Q]`` (the layout the
+    official encoder returns per item). Every code must lie in ``[0, codebook_size)``.
+    """
+    if isinstance(codes, Tensor):
+        t = codes.detach().cpu()
+    else:
+        try:
+            arr = np.asarray(codes)
+        except (ValueError, TypeError) as e:
+            raise CodesError("bad_shape", f"{what}: not a rectangular array ({e})") from e
+        if arr.dtype == object:
+            raise CodesError("bad_shape", f"{what}: not a rectangular array of integers")
+        if arr.size == 0 and arr.dtype.kind == "f":
+            arr = arr.astype(np.int64)  # [] parses as float64
+        t = torch.from_numpy(np.ascontiguousarray(arr))
+    if t.dtype.is_floating_point or t.dtype == torch.bool or t.is_complex():
+        raise CodesError("bad_dtype", f"{what}: codes must be integers, got {t.dtype}")
+    if t.dim() != 2 or t.shape[1] != num_quantizers:
+        if not (allow_empty and t.numel() == 0):
+            raise CodesError("bad_shape", f"{what}: expected shape [frames, {num_quantizers}], got {list(t.shape)}")
+        t = t.reshape(0, num_quantizers)
+    if t.shape[0] == 0 and not allow_empty:
+        raise CodesError("empty", f"{what}: no frames")
+    t = t.to(torch.int64)
+    if t.numel():
+        lo, hi = int(t.min()), int(t.max())
+        if lo < 0 or hi >= codebook_size:
+            bad = lo if lo < 0 else hi
+            raise CodesError("out_of_range", f"{what}: code {bad} outside [0, {codebook_size})")
+    return t
+
+
+def padded_batch(codes: object, num_quantizers: int, codebook_size: int, lengths: object = None) -> tuple[Tensor, Tensor]:
+    """Normalise an offline batch to ``([B, Q, F] int64 with padding clamped to 0, lengths [B])``.
+
+    Input is ``[B, Q, F]`` or one ``[F, Q]`` sequence. Without ``lengths``, the official rule
+    applies: an item's length is the number of frames whose codebook-0 code is >= 0, with ``-1``
+    as right padding. Frames inside an item's length must be valid codes.
+    """
+    t = codes.detach().cpu() if isinstance(codes, Tensor) else torch.from_numpy(np.asarray(codes))
+    if t.dtype.is_floating_point or t.dtype == torch.bool:
+        raise CodesError("bad_dtype", f"codes must be integers, got {t.dtype}")
+    t = t.to(torch.int64)
+    if t.dim() == 2:
+        if t.shape[1] != num_quantizers:
+            raise CodesError("bad_shape", f"expected one sequence [frames, {num_quantizers}], got {list(t.shape)}")
+        t = t.T[None]
+    if t.dim() != 3 or t.shape[1] != num_quantizers:
+        raise CodesError("bad_shape", f"expected [batch, {num_quantizers}, frames], got {list(t.shape)}")
+    B, _, F = t.shape
+    if lengths is None:
+        lens = (t[:, 0] >= 0).sum(1)
+        inside = torch.arange(F)[None] < lens[:, None]
+        if not torch.equal(inside, t[:, 0] >= 0):
+            raise CodesError("bad_padding", "-1 padding must come after every valid frame")
+    else:
+        lens = torch.as_tensor(lengths, dtype=torch.int64).reshape(-1)
+        if lens.shape[0] != B or bool((lens < 0).any()) or bool((lens > F).any()):
+            raise CodesError("bad_lengths", f"lengths must be {B} values in [0, {F}]")
+    inside = (torch.arange(F)[None] < lens[:, None])[:, None].expand_as(t)
+    valid = t[inside]
+    if valid.numel() and (int(valid.min()) < 0 or int(valid.max()) >= codebook_size):
+        bad = int(valid.min()) if int(valid.min()) < 0 else int(valid.max())
+        raise CodesError("out_of_range", f"code {bad} outside [0, {codebook_size}) inside an item's length")
+    return t.clamp(min=0, max=codebook_size - 1) * inside, lens

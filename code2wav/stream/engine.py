@@ -1,0 +1,273 @@
+"""Streams keyed by request id, decoded together in batched steps.
+
+Contract (delta input): ``open(id, prefix)`` once, with an optional voice-clone reference prefix
+``[P, 16]``; each ``push`` carries only newly generated frames ``[n, 16]`` and returns exactly
+their ``n * 1920`` samples; ``finish`` decodes what it is given and frees the stream; ``abort``
+frees it at once. Concatenated output equals ``forward(prefix + frames)[P * 1920:]``.
+
+Batching choice: a step pads every row to the step's largest chunk and passes per-row valid
+counts. Causality makes the padding harmless, and histories are cut at each row's own valid
+length, so rows of any size (cold, growing, rolling) share one step and one tensor shape per
+(batch, frames) pair, which is what CUDA graphs replay. Grouping by size would multiply steps.
+
+Modes: ``exact`` keeps per-layer state (this project); ``windowed`` re-decodes 72 frames of left
+context plus the new frames with the plain forward (inexact; what vLLM-Omni did before its cached
+decode); ``full`` re-decodes everything so far. The last two exist as benchmark baselines.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Literal, Mapping
+
+import torch
+from torch import Tensor
+
+from code2wav.codes import CodesError, as_frames
+from code2wav.model.decoder import Decoder
+from code2wav.stream.pool import PoolFull, StatePool
+
+Mode = Literal["exact", "windowed", "full"]
+MODES: tuple[str, ...] = ("exact", "windowed", "full")
+
+
+class StreamError(ValueError):
+    """A request-level error; ``code`` is machine-readable, the message names the stream."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class _Stream:
+    request_id: str
+    slot: int
+    frames_out: int = 0
+    last_active: float = field(default_factory=time.monotonic)
+    history: list[Tensor] = field(default_factory=list)  # codes, baselines only
+    prefix_frames: int = 0
+
+
+class StreamEngine:
+    """Synchronous batched streaming decoder (eager; the GPU engine adds graphs and a loop)."""
+
+    def __init__(
+        self,
+        model: Decoder,
+        max_streams: int = 64,
+        mode: Mode = "exact",
+        max_step_frames: int = 64,
+        idle_timeout: float | None = None,
+        max_prefix_frames: int = 4096,
+    ):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        self.model = model
+        self.cfg = model.config
+        self.mode = mode
+        self.max_step_frames = max_step_frames
+        self.idle_timeout = idle_timeout
+        self.max_prefix_frames = max_prefix_frames
+        p = next(model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self.pool = StatePool(model, max_streams) if mode == "exact" else None
+        self.max_streams = max_streams
+        self._streams: dict[str, _Stream] = {}
+        self._free_slots = list(range(max_streams - 1, -1, -1))  # baselines: slots only count streams
+        self._ended: OrderedDict[str, str] = OrderedDict()  # recently ended id -> "finished"/"aborted"
+        self.back_context = model.back_context_frames()
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    @property
+    def active(self) -> int:
+        return len(self._streams)
+
+    def open(self, request_id: str, prefix: object = None) -> None:
+        """Start a stream; ``prefix`` is ``[P, 16]`` reference codes (P may be 0) or None."""
+        self.reap_idle()
+        if not isinstance(request_id, str) or not request_id:
+            raise StreamError("bad_request_id", f"request id must be a non-empty string, got {request_id!r}")
+        if request_id in self._streams:
+            raise StreamError("duplicate_request_id", f"stream {request_id!r} is already open")
+        pre = self._frames(prefix, f"stream {request_id!r} prefix", allow_empty=True) if prefix is not None else None
+        if pre is not None and pre.shape[0] > self.max_prefix_frames:
+            raise StreamError("prefix_too_long", f"stream {request_id!r} prefix has {pre.shape[0]} frames, limit {self.max_prefix_frames}")
+        if self.pool is not None:
+            try:
+                slot = self.pool.acquire()
+            except PoolFull as e:
+                raise PoolFull(f"cannot open stream {request_id!r}: {e}") from None
+        else:
+            if not self._free_slots:
+                raise PoolFull(f"cannot open stream {request_id!r}: all {self.max_streams} stream slots are in use")
+            slot = self._free_slots.pop()
+        st = _Stream(request_id, slot)
+        self._streams[request_id] = st
+        self._ended.pop(request_id, None)
+        if pre is not None and pre.shape[0]:
+            st.prefix_frames = pre.shape[0]
+            if self.pool is not None:
+                try:
+                    self._prefill(slot, pre)
+                except BaseException:
+                    self._release(st, "aborted")
+                    raise
+            else:
+                st.history.append(pre)
+
+    def push(self, request_id: str, frames: object) -> Tensor:
+        """Decode one stream's new frames; returns their audio (``n * 1920`` samples)."""
+        out = self.step({request_id: frames})[request_id]
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    def finish(self, request_id: str, frames: object = None) -> Tensor:
+        """Decode the last frames (if any) and free the stream. Nothing is held back: the decoder
+        has no lookahead, so every pushed frame was already returned in full."""
+        self._get(request_id)
+        audio = torch.zeros(0, dtype=self.dtype)
+        has_frames = frames is not None and not (hasattr(frames, "__len__") and len(frames) == 0)  # type: ignore[arg-type]
+        try:
+            if has_frames:
+                audio = self.push(request_id, frames)
+        finally:
+            if request_id in self._streams:
+                self._release(self._streams[request_id], "finished")
+        return audio
+
+    def abort(self, request_id: str) -> None:
+        """Free the stream's state at once (client gone, request cancelled)."""
+        self._release(self._get(request_id), "aborted")
+
+    def reap_idle(self, now: float | None = None) -> list[str]:
+        """Abort streams idle longer than ``idle_timeout``; returns their ids."""
+        if self.idle_timeout is None:
+            return []
+        now = time.monotonic() if now is None else now
+        stale = [rid for rid, s in self._streams.items() if now - s.last_active > self.idle_timeout]
+        for rid in stale:
+            self._release(self._streams[rid], "timed out")
+        return stale
+
+    def state_bytes(self) -> dict[str, int]:
+        if self.pool is None:
+            return {"per_stream": 0, "pool": 0}
+        return {"per_stream": self.pool.bytes_per_stream, "pool": self.pool.nbytes}
+
+    # -- the batched step -------------------------------------------------------------------------
+
+    def step(self, chunks: Mapping[str, object]) -> dict[str, Tensor | Exception]:
+        """Decode new frames of many streams in one batched step.
+
+        Returns, per request id, its audio or the error that rejected that row alone. A bad row
+        never shifts another row's output: rows are matched by id, not by position.
+        """
+        self.reap_idle()
+        results: dict[str, Tensor | Exception] = {}
+        rows: list[tuple[_Stream, Tensor]] = []
+        for rid, payload in chunks.items():
+            try:
+                st = self._get(rid)
+                rows.append((st, self._frames(payload, f"stream {rid!r}")))
+            except (StreamError, CodesError) as e:
+                results[rid] = e
+        if rows:
+            audio = self._decode(rows)
+            now = time.monotonic()
+            for (st, fr), a in zip(rows, audio):
+                st.frames_out += fr.shape[0]
+                st.last_active = now
+                results[st.request_id] = a
+        return {rid: results[rid] for rid in chunks}
+
+    @torch.no_grad()
+    def _decode(self, rows: list[tuple[_Stream, Tensor]]) -> list[Tensor]:
+        if self.mode == "exact":
+            return self._decode_exact(rows)
+        return self._decode_baseline(rows)
+
+    def _decode_exact(self, rows: list[tuple[_Stream, Tensor]]) -> list[Tensor]:
+        assert self.pool is not None
+        spf = self.cfg.samples_per_frame
+        pieces: list[list[Tensor]] = [[] for _ in rows]
+        done = [0] * len(rows)
+        while True:
+            active = [i for i, (_, fr) in enumerate(rows) if done[i] < fr.shape[0]]
+            if not active:
+                break
+            n = [min(rows[i][1].shape[0] - done[i], self.max_step_frames) for i in active]
+            T = max(n)
+            codes = torch.zeros(len(active), T, self.cfg.num_quantizers, dtype=torch.long)
+            for j, i in enumerate(active):
+                codes[j, : n[j]] = rows[i][1][done[i] : done[i] + n[j]]
+            slots = torch.tensor([rows[i][0].slot for i in active], device=self.device)
+            n_new = torch.tensor(n, device=self.device)
+            wav = self.model(codes.to(self.device).transpose(1, 2), self.pool.step(slots, n_new))
+            self.pool.advance(slots, n_new)
+            wav = wav[:, 0].cpu()
+            for j, i in enumerate(active):
+                pieces[i].append(wav[j, : n[j] * spf])
+                done[i] += n[j]
+        return [torch.cat(p) for p in pieces]
+
+    @torch.no_grad()
+    def _prefill(self, slot: int, prefix: Tensor) -> None:
+        """Run the transformer over the whole prefix (its KV depends on all of it), then the conv
+        stack over only the last ``back_context`` frames: enough to make its state exact."""
+        assert self.pool is not None
+        slots = torch.tensor([slot], device=self.device)
+        hidden = []
+        for s in range(0, prefix.shape[0], self.max_step_frames):
+            chunk = prefix[s : s + self.max_step_frames]
+            n = torch.tensor([chunk.shape[0]], device=self.device)
+            hidden.append(self.model.front(chunk.T[None].to(self.device), self.pool.step(slots, n)))
+            self.pool.advance(slots, n)
+        tail = torch.cat(hidden, dim=-1)[..., -self.back_context :]
+        self.model.back(tail, self.pool.step(slots, torch.tensor([tail.shape[-1]], device=self.device)))
+
+    def _decode_baseline(self, rows: list[tuple[_Stream, Tensor]]) -> list[Tensor]:
+        """``windowed``/``full``: the plain forward over (context + new), right-padded batch."""
+        spf = self.cfg.samples_per_frame
+        seqs, ctx = [], []
+        for st, fr in rows:
+            past = torch.cat(st.history) if st.history else fr[:0]
+            if self.mode == "windowed":
+                past = past[-self.cfg.sliding_window :]
+            seqs.append(torch.cat([past, fr]))
+            ctx.append(past.shape[0])
+            st.history = [torch.cat([*st.history, fr])[-self.cfg.sliding_window :]] if self.mode == "windowed" else st.history + [fr]
+        L = max(s.shape[0] for s in seqs)
+        codes = torch.zeros(len(rows), L, self.cfg.num_quantizers, dtype=torch.long)
+        for j, s in enumerate(seqs):
+            codes[j, : s.shape[0]] = s
+        wav = self.model(codes.to(self.device).transpose(1, 2))[:, 0].cpu()
+        return [wav[j, ctx[j] * spf : (ctx[j] + fr.shape[0]) * spf] for j, (_, fr) in enumerate(rows)]
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _frames(self, payload: object, what: str, allow_empty: bool = False) -> Tensor:
+        return as_frames(payload, self.cfg.num_quantizers, self.cfg.codebook_size, what, allow_empty)
+
+    def _get(self, request_id: str) -> _Stream:
+        st = self._streams.get(request_id)
+        if st is None:
+            how = self._ended.get(request_id)
+            if how is not None:
+                raise StreamError("stream_ended", f"stream {request_id!r} already {how}")
+            raise StreamError("unknown_request_id", f"no open stream {request_id!r}")
+        return st
+
+    def _release(self, st: _Stream, how: str) -> None:
+        del self._streams[st.request_id]
+        if self.pool is not None:
+            self.pool.release(st.slot)
+        else:
+            self._free_slots.append(st.slot)
+        self._ended[st.request_id] = how
+        while len(self._ended) > 4096:
+            self._ended.popitem(last=False)

@@ -1,0 +1,72 @@
+"""Preallocated per-stream decoder state: one tensor per stateful layer, one row per slot."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from code2wav.model.decoder import Decoder
+from code2wav.model.streaming import Step
+
+
+class PoolFull(RuntimeError):
+    """Every slot is taken; the caller must retry later (never an eviction, never an OOM)."""
+
+
+class StatePool:
+    """``max_streams`` fixed-size slots of decoder state on one device.
+
+    A slot holds every layer's history and the stream's absolute frame position. Slots are
+    handed out and returned, never moved: a batched step gathers and scatters rows by index,
+    so the tensors keep their addresses (what CUDA graphs need)."""
+
+    def __init__(self, model: Decoder, max_streams: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None):
+        if max_streams < 1:
+            raise ValueError("max_streams must be >= 1")
+        p = next(model.parameters())
+        device = torch.device(device) if device is not None else p.device
+        dtype = dtype or p.dtype
+        self.max_streams = max_streams
+        self.buffers: dict[str, Tensor] = {
+            key: torch.zeros(max_streams, *shape, device=device, dtype=dtype)
+            for key, shape in model.state_shapes().items()
+        }
+        self.position = torch.zeros(max_streams, dtype=torch.long, device=device)
+        self._free = list(range(max_streams - 1, -1, -1))
+
+    @property
+    def bytes_per_stream(self) -> int:
+        return sum(b[0].numel() * b.element_size() for b in self.buffers.values()) + self.position.element_size()
+
+    @property
+    def nbytes(self) -> int:
+        return self.bytes_per_stream * self.max_streams
+
+    @property
+    def in_use(self) -> int:
+        return self.max_streams - len(self._free)
+
+    def acquire(self) -> int:
+        if not self._free:
+            raise PoolFull(f"all {self.max_streams} stream slots are in use")
+        slot = self._free.pop()
+        self.reset(slot)
+        return slot
+
+    def release(self, slot: int) -> None:
+        if not 0 <= slot < self.max_streams or slot in self._free:
+            raise ValueError(f"slot {slot} is not in use")
+        self._free.append(slot)
+
+    def reset(self, slot: int) -> None:
+        """Cold-start state: zero conv history is the forward's zero padding; KV rows are
+        masked by position, zeroed anyway so nothing stale survives."""
+        for b in self.buffers.values():
+            b[slot].zero_()
+        self.position[slot] = 0
+
+    def step(self, slots: Tensor, n_new: Tensor) -> Step:
+        return Step(self.buffers, slots, n_new, self.position.index_select(0, slots))
+
+    def advance(self, slots: Tensor, n_new: Tensor) -> None:
+        self.position.index_add_(0, slots, n_new)

@@ -1,0 +1,65 @@
+"""Models shared by the tests: the real architecture and a shrunk one, random weights."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+
+from code2wav.model.config import DecoderConfig
+from code2wav.model.decoder import Decoder
+from code2wav.model.init import random_decoder
+
+# Same rates, window and depth as the released model, tiny widths: the streaming mechanics
+# (histories, KV window, positions) are identical, the arithmetic is ~1000x cheaper.
+SMALL = DecoderConfig(
+    latent_dim=32,
+    hidden_size=32,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    head_dim=16,
+    intermediate_size=64,
+    decoder_dim=64,
+    codebook_dim=32,
+)
+FULL = DecoderConfig()
+
+
+@functools.lru_cache(maxsize=None)
+def _weights(cfg: DecoderConfig, seed: int) -> dict[str, torch.Tensor]:
+    return random_decoder(cfg, seed=seed).state_dict()
+
+
+@functools.lru_cache(maxsize=None)
+def model(cfg: DecoderConfig = SMALL, dtype: torch.dtype = torch.float64, seed: int = 0) -> Decoder:
+    """Random-weight decoder in ``dtype`` (cached: treat as read-only)."""
+    m = Decoder(cfg)
+    m.load_state_dict(_weights(cfg, seed))
+    m.to(torch.float64 if dtype == torch.float64 else torch.float32)
+    m.fold_codebooks(dtype)
+    return m.to(dtype).eval().requires_grad_(False)
+
+
+def random_codes(frames: int, cfg: DecoderConfig = SMALL, seed: int = 0) -> torch.Tensor:
+    """[frames, Q] codes, the layout a talker sends."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, cfg.codebook_size, (frames, cfg.num_quantizers), generator=g)
+
+
+@torch.no_grad()
+def forward_audio(m: Decoder, codes: torch.Tensor) -> torch.Tensor:
+    """Whole-utterance forward of [frames, Q] codes -> 1-D audio."""
+    return m(codes.T[None])[0, 0]
+
+
+@contextlib.contextmanager
+def one_thread():
+    """The shrunk model's ops are tiny: extra intra-op threads only add barrier waits (and under
+    CPU contention they make a step 20x slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -1,0 +1,235 @@
+"""Exact streaming: the delta-input contract against the whole-utterance forward.
+
+For a stream opened with reference prefix ``codes[:P]`` and fed ``codes[P:P+N]`` in any chunk
+schedule, the concatenated pushes must equal ``forward(codes[:P+N])[P*1920:]``. Because the
+decoder is causal, ``forward(codes[:L])`` is the first ``L*1920`` samples of ``forward(codes)``,
+so one reference forward serves every (prefix, length) pair cut from the same code sequence.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from code2wav.stream.engine import StreamEngine
+from tests.models import FULL, SMALL, forward_audio, model, one_thread, random_codes
+
+SPF = 1920
+
+
+@pytest.fixture(autouse=True)
+def _threads(request):
+    if request.node.get_closest_marker("slow"):  # full-size tests use every core
+        yield
+        return
+    with one_thread():
+        yield
+
+
+def schedule_sizes(schedule: list[int], total: int) -> list[int]:
+    """Chunk sizes in order, the last repeating, cut to ``total`` frames."""
+    sizes, i = [], 0
+    while sum(sizes) < total:
+        sizes.append(min(schedule[min(i, len(schedule) - 1)], total - sum(sizes)))
+        i += 1
+    return sizes
+
+
+def ragged(seed: int, total: int, hi: int = 30) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randint(1, hi) for _ in range(total)]
+
+
+def stream_alone(engine: StreamEngine, rid: str, codes: torch.Tensor, prefix: int, n: int, schedule: list[int]) -> torch.Tensor:
+    engine.open(rid, codes[:prefix])
+    out, at = [], prefix
+    for size in schedule_sizes(schedule, n):
+        audio = engine.push(rid, codes[at : at + size])
+        assert audio.shape == (size * SPF,), "each push returns exactly its frames' audio"
+        out.append(audio)
+        at += size
+    assert engine.finish(rid).numel() == 0, "nothing is held back"
+    return torch.cat(out)
+
+
+def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    assert a.shape == b.shape
+    return (a - b).abs().max().item()
+
+
+SCHEDULES = {"1": [1], "25": [25], "1,25": [1, 25], "ramp": [4, 4, 8, 16, 25], "ragged": ragged(7, 100)}
+
+
+# -- full-size architecture, float64 -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def full64():
+    m = model(FULL, torch.float64)
+    codes = random_codes(300, FULL, seed=1)
+    return m, codes, forward_audio(m, codes)
+
+
+@pytest.mark.slow
+def test_full_size_streams_batched_together_match_forward(full64):
+    """Five streams of the real architecture (prefixes 0/1/12/72/200, five schedules) step in the
+    same batches, cold and rolling rows together, and each equals its forward within 1e-9."""
+    m, codes, ref = full64
+    n = 100
+    cases = {"p0": (0, [1]), "p1": (1, [25]), "p12": (12, [1, 25]), "p72": (72, [4, 4, 8, 16, 25]), "p200": (200, SCHEDULES["ragged"])}
+    engine = StreamEngine(m, max_streams=8, max_step_frames=32)
+    pending = {rid: schedule_sizes(s, n) for rid, (p, s) in cases.items()}
+    at = {rid: p for rid, (p, _) in cases.items()}
+    outs: dict[str, list[torch.Tensor]] = {rid: [] for rid in cases}
+    for rid, (p, _) in cases.items():
+        engine.open(rid, codes[:p])
+    while any(pending.values()):
+        batch = {}
+        for rid, sizes in pending.items():
+            if sizes:
+                size = sizes.pop(0)
+                batch[rid] = codes[at[rid] : at[rid] + size]
+                at[rid] += size
+        for rid, audio in engine.step(batch).items():
+            outs[rid].append(audio)
+    for rid, (p, _) in cases.items():
+        engine.finish(rid)
+        assert max_err(torch.cat(outs[rid]), ref[p * SPF : (p + n) * SPF]) <= 1e-9, rid
+    assert engine.active == 0 and engine.pool.in_use == 0
+
+
+@pytest.mark.slow
+def test_full_size_float32_within_1e4_of_peak():
+    m32 = model(FULL, torch.float32)
+    m64 = model(FULL, torch.float64)
+    codes = random_codes(40, FULL, seed=2)
+    ref = forward_audio(m64, codes)[12 * SPF :]
+    out = stream_alone(StreamEngine(m32, max_streams=1), "a", codes.clone(), 12, 28, [1, 25])
+    assert max_err(out.double(), ref) <= 1e-4 * ref.abs().max().item()
+
+
+# -- shrunk architecture: the full matrix --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small64():
+    m = model(SMALL, torch.float64)
+    codes = random_codes(200 + 620, SMALL, seed=3)
+    return m, codes, forward_audio(m, codes)
+
+
+@pytest.mark.parametrize("prefix", [0, 1, 12, 72, 200])
+@pytest.mark.parametrize("name", list(SCHEDULES))
+def test_schedule_and_prefix_matrix_float64(small64, prefix, name):
+    m, codes, ref = small64
+    n = 150  # crosses the 72-frame window
+    out = stream_alone(StreamEngine(m, max_streams=2), "s", codes, prefix, n, SCHEDULES[name])
+    assert max_err(out, ref[prefix * SPF : (prefix + n) * SPF]) <= 1e-9
+
+
+@pytest.mark.parametrize("prefix", [0, 72])
+def test_crossing_eight_windows_float64(small64, prefix):
+    """8 layers x 71 frames is the transformer's receptive field: run well past it."""
+    m, codes, ref = small64
+    n = 8 * 72 + 20
+    out = stream_alone(StreamEngine(m, max_streams=1), "s", codes, prefix, n, [1, 25, 7])
+    assert max_err(out, ref[prefix * SPF : (prefix + n) * SPF]) <= 1e-9
+
+
+@pytest.mark.parametrize("name", ["1,25", "ragged"])
+def test_float32_within_1e4_of_peak(small64, name):
+    _, codes, ref = small64
+    out = stream_alone(StreamEngine(model(SMALL, torch.float32), max_streams=1), "s", codes, 12, 150, SCHEDULES[name])
+    expect = ref[12 * SPF : 162 * SPF]
+    assert max_err(out.double(), expect) <= 1e-4 * expect.abs().max().item()
+
+
+def test_many_streams_in_one_batch_equal_each_alone(small64):
+    """Cold, growing and rolling rows share steps; every stream's audio equals the same stream
+    decoded alone (to float64 rounding: batch shape changes BLAS blocking, nothing else)."""
+    m, codes, _ = small64
+    specs = [(p, ragged(s, 200, hi=12)) for s, p in enumerate([0, 3, 72, 10, 0, 150, 1, 40])]
+    alone = [stream_alone(StreamEngine(m, max_streams=1, max_step_frames=16), f"r{i}", codes, p, 90, sch) for i, (p, sch) in enumerate(specs)]
+    engine = StreamEngine(m, max_streams=8, max_step_frames=16)
+    plans = [schedule_sizes(sch, 90) for _, sch in specs]
+    at = [p for p, _ in specs]
+    outs: list[list[torch.Tensor]] = [[] for _ in specs]
+    started = set()
+    for t in range(200):
+        batch = {}
+        for i, (p, _) in enumerate(specs):
+            if t < 3 * i:  # staggered arrivals: some streams are cold while others roll
+                continue
+            if i not in started:
+                engine.open(f"r{i}", codes[:p])
+                started.add(i)
+            if plans[i]:
+                size = plans[i].pop(0)
+                batch[f"r{i}"] = codes[at[i] : at[i] + size]
+                at[i] += size
+        for rid, audio in engine.step(batch).items():
+            outs[int(rid[1:])].append(audio)
+        if not any(plans) and len(started) == len(specs):
+            break
+    for i in range(len(specs)):
+        assert max_err(torch.cat(outs[i]), alone[i]) <= 1e-12, f"stream r{i}"
+
+
+def test_output_never_contains_prefix_audio(small64):
+    """Regression for the reference-audio leak: a push returns its own frames' audio only."""
+    m, codes, ref = small64
+    engine = StreamEngine(m, max_streams=1)
+    engine.open("s", codes[:40])
+    first = engine.push("s", codes[40:45])
+    assert first.shape == (5 * SPF,)
+    assert max_err(first, ref[40 * SPF : 45 * SPF]) <= 1e-9
+    assert max_err(first, ref[: 5 * SPF]) > 1e-3  # not the prefix's audio
+
+
+def test_back_context_is_exactly_enough(small64):
+    """The conv stack only sees the last ``back_context_frames()`` prefix frames (10 for these
+    rates); that rebuilds its state exactly, and one frame fewer does not."""
+    m, codes, ref = small64
+    k = m.back_context_frames()
+    assert k == 10
+    expect = ref[100 * SPF : 110 * SPF]
+    for ctx, exact in ((k, True), (k - 1, False)):
+        engine = StreamEngine(m, max_streams=1)
+        engine.back_context = ctx
+        engine.open("s", codes[:100])
+        err = max_err(engine.push("s", codes[100:110]), expect)
+        assert (err <= 1e-9) == exact, (ctx, err)
+
+
+@pytest.mark.parametrize("mode", ["windowed", "full"])
+def test_baseline_modes(small64, mode):
+    """``full`` re-decodes everything: exact. ``windowed`` keeps 72 frames of left context: exact
+    while the whole history fits in the window, and measurably off once it does not."""
+    m, codes, ref = small64
+    out = stream_alone(StreamEngine(m, max_streams=1, mode=mode), "s", codes, 0, 120, [25])
+    err_inside = max_err(out[: 72 * SPF], ref[: 72 * SPF])
+    err_after = max_err(out[100 * SPF :], ref[100 * SPF : 120 * SPF])
+    assert err_inside <= 1e-9
+    if mode == "full":
+        assert err_after <= 1e-9
+    else:
+        assert err_after > 1e-6
+
+
+def test_state_bytes_per_stream():
+    """The released architecture keeps ~1.30 M values per stream; KV is about 90 % of it."""
+    from code2wav.model.decoder import Decoder
+
+    shapes = Decoder(FULL).state_shapes()
+    values = sum(torch.Size(s).numel() for s in shapes.values())
+    kv = sum(torch.Size(s).numel() for k, s in shapes.items() if k.endswith((".k", ".v")))
+    assert kv == FULL.num_hidden_layers * 2 * 71 * FULL.num_key_value_heads * FULL.head_dim
+    assert 1.25e6 < values < 1.35e6
+    assert 0.85 < kv / values < 0.95
+    engine = StreamEngine(model(SMALL, torch.float64), max_streams=3)
+    per = engine.state_bytes()["per_stream"]
+    small_values = sum(torch.Size(s).numel() for s in engine.model.state_shapes().values())
+    assert per == small_values * 8 + 8  # float64 state + the int64 position
+    assert engine.state_bytes()["pool"] == 3 * per
