@@ -62,10 +62,8 @@ def _decode_exact(model: Decoder, batch: Tensor, lens: Tensor, chunk: int, progr
             break
         T = int(n_new.max())
         codes = batch[rows, :, s : s + T].to(p.device)
-        step = pool.step(slots_all[rows.to(p.device)], n_new[rows].to(p.device))
-        wav = model(codes, step)[:, 0].cpu()
-        pool.advance(step.slots, step.n_new)
-        out[rows, s * spf : (s + T) * spf] = wav
+        wav = pool.run(model, codes, slots_all[rows.to(p.device)], n_new[rows].to(p.device))
+        out[rows, s * spf : (s + T) * spf] = wav.cpu()
         if progress:
             progress(T)
     return out

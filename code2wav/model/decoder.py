@@ -82,9 +82,8 @@ class SplitRVQ(nn.Module):
         if self.table is None:
             raise RuntimeError("codebooks are not folded: call Decoder.fold_codebooks() after loading weights")
         B, Q, T = codes.shape
-        idx = (codes.transpose(1, 2) + self.offsets).reshape(B * T, Q)
-        out = F.embedding_bag(idx, self.table, mode="sum")
-        return out.view(B, T, -1).transpose(1, 2)
+        idx = codes.transpose(1, 2) + self.offsets  # [B, T, Q] rows of the stacked table
+        return F.embedding(idx, self.table).sum(2).transpose(1, 2)
 
 
 class Decoder(nn.Module):

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from code2wav.kernels.snake import snake_beta
 from code2wav.model.streaming import Step, StreamingLayer
 
 
@@ -74,9 +75,7 @@ class SnakeBeta(nn.Module):
         self.beta = nn.Parameter(torch.zeros(channels))
 
     def forward(self, x: Tensor) -> Tensor:
-        alpha = self.alpha.exp()[:, None]
-        inv_beta = 1.0 / (self.beta.exp()[:, None] + 1e-9)
-        return x + inv_beta * torch.sin(x * alpha).pow(2)
+        return snake_beta(x, self.alpha, self.beta)
 
 
 class ConvNeXtBlock(nn.Module):

@@ -60,6 +60,7 @@ class StreamEngine:
         max_streams: int = 64,
         mode: Mode = "exact",
         max_step_frames: int = 64,
+        max_batch_frames: int = 1024,
         idle_timeout: float | None = None,
         max_prefix_frames: int = 4096,
     ):
@@ -69,6 +70,7 @@ class StreamEngine:
         self.cfg = model.config
         self.mode = mode
         self.max_step_frames = max_step_frames
+        self.max_batch_frames = max(max_batch_frames, max_step_frames)
         self.idle_timeout = idle_timeout
         self.max_prefix_frames = max_prefix_frames
         p = next(model.parameters())
@@ -79,6 +81,9 @@ class StreamEngine:
         self._free_slots = list(range(max_streams - 1, -1, -1))  # baselines: slots only count streams
         self._ended: OrderedDict[str, str] = OrderedDict()  # recently ended id -> "finished"/"aborted"
         self.back_context = model.back_context_frames()
+        # (codes [B, Q, T] cpu, slots [B], n_new [B]) -> audio [B, T * spf]; a graph runner
+        # replaces it on GPU.
+        self.runner = self._run_eager
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -192,7 +197,8 @@ class StreamEngine:
         return self._decode_baseline(rows)
 
     def _decode_exact(self, rows: list[tuple[_Stream, Tensor]]) -> list[Tensor]:
-        assert self.pool is not None
+        """Pieces of at most ``max_step_frames`` per row; rows grouped so that one step holds at
+        most ``max_batch_frames`` padded frames (bounds activation memory)."""
         spf = self.cfg.samples_per_frame
         pieces: list[list[Tensor]] = [[] for _ in rows]
         done = [0] * len(rows)
@@ -200,20 +206,24 @@ class StreamEngine:
             active = [i for i, (_, fr) in enumerate(rows) if done[i] < fr.shape[0]]
             if not active:
                 break
-            n = [min(rows[i][1].shape[0] - done[i], self.max_step_frames) for i in active]
-            T = max(n)
-            codes = torch.zeros(len(active), T, self.cfg.num_quantizers, dtype=torch.long)
-            for j, i in enumerate(active):
-                codes[j, : n[j]] = rows[i][1][done[i] : done[i] + n[j]]
-            slots = torch.tensor([rows[i][0].slot for i in active], device=self.device)
-            n_new = torch.tensor(n, device=self.device)
-            wav = self.model(codes.to(self.device).transpose(1, 2), self.pool.step(slots, n_new))
-            self.pool.advance(slots, n_new)
-            wav = wav[:, 0].cpu()
-            for j, i in enumerate(active):
-                pieces[i].append(wav[j, : n[j] * spf])
-                done[i] += n[j]
+            take = {i: min(rows[i][1].shape[0] - done[i], self.max_step_frames) for i in active}
+            for group in _groups(active, take, self.max_batch_frames):
+                n = [take[i] for i in group]
+                codes = torch.zeros(len(group), self.cfg.num_quantizers, max(n), dtype=torch.long)
+                for j, i in enumerate(group):
+                    codes[j, :, : n[j]] = rows[i][1][done[i] : done[i] + n[j]].T
+                slots = torch.tensor([rows[i][0].slot for i in group])
+                wav = self.runner(codes, slots, torch.tensor(n)).cpu()
+                for j, i in enumerate(group):
+                    pieces[i].append(wav[j, : n[j] * spf])
+            for i in active:
+                done[i] += take[i]
         return [torch.cat(p) for p in pieces]
+
+    def _run_eager(self, codes: Tensor, slots: Tensor, n_new: Tensor) -> Tensor:
+        assert self.pool is not None
+        dev = self.device
+        return self.pool.run(self.model, codes.to(dev), slots.to(dev), n_new.to(dev))
 
     @torch.no_grad()
     def _prefill(self, slot: int, prefix: Tensor) -> None:
@@ -231,7 +241,8 @@ class StreamEngine:
         self.model.back(tail, self.pool.step(slots, torch.tensor([tail.shape[-1]], device=self.device)))
 
     def _decode_baseline(self, rows: list[tuple[_Stream, Tensor]]) -> list[Tensor]:
-        """``windowed``/``full``: the plain forward over (context + new), right-padded batch."""
+        """``windowed``/``full``: the plain forward over (context + new), right-padded batch,
+        grouped under the same ``max_batch_frames`` budget as the exact path."""
         spf = self.cfg.samples_per_frame
         seqs, ctx = [], []
         for st, fr in rows:
@@ -240,13 +251,19 @@ class StreamEngine:
                 past = past[-self.cfg.sliding_window :]
             seqs.append(torch.cat([past, fr]))
             ctx.append(past.shape[0])
-            st.history = [torch.cat([*st.history, fr])[-self.cfg.sliding_window :]] if self.mode == "windowed" else st.history + [fr]
-        L = max(s.shape[0] for s in seqs)
-        codes = torch.zeros(len(rows), L, self.cfg.num_quantizers, dtype=torch.long)
-        for j, s in enumerate(seqs):
-            codes[j, : s.shape[0]] = s
-        wav = self.model(codes.to(self.device).transpose(1, 2))[:, 0].cpu()
-        return [wav[j, ctx[j] * spf : (ctx[j] + fr.shape[0]) * spf] for j, (_, fr) in enumerate(rows)]
+            keep = seqs[-1][-self.cfg.sliding_window :] if self.mode == "windowed" else seqs[-1]
+            st.history = [keep]
+        out: list[Tensor] = [fr[:0] for _, fr in rows]
+        lengths = {j: s.shape[0] for j, s in enumerate(seqs)}
+        for group in _groups(list(lengths), lengths, self.max_batch_frames):
+            L = max(lengths[j] for j in group)
+            codes = torch.zeros(len(group), self.cfg.num_quantizers, L, dtype=torch.long)
+            for k, j in enumerate(group):
+                codes[k, :, : lengths[j]] = seqs[j].T
+            wav = self.model(codes.to(self.device))[:, 0].cpu()
+            for k, j in enumerate(group):
+                out[j] = wav[k, ctx[j] * spf : lengths[j] * spf]
+        return out
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -271,3 +288,17 @@ class StreamEngine:
         self._ended[st.request_id] = how
         while len(self._ended) > 4096:
             self._ended.popitem(last=False)
+
+
+def _groups(rows: list[int], take: dict[int, int], budget: int) -> list[list[int]]:
+    """Split rows (in order) so that len(group) * max(frames in group) <= budget."""
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    for i in rows:
+        if cur and (len(cur) + 1) * max(take[i], *(take[j] for j in cur)) > budget:
+            groups.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        groups.append(cur)
+    return groups

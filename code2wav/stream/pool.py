@@ -18,7 +18,8 @@ class StatePool:
 
     A slot holds every layer's history and the stream's absolute frame position. Slots are
     handed out and returned, never moved: a batched step gathers and scatters rows by index,
-    so the tensors keep their addresses (what CUDA graphs need)."""
+    so the tensors keep their addresses (what CUDA graphs need). One extra *scratch* row, never
+    handed out, absorbs the writes of padding rows when a step is padded to a graph's batch size."""
 
     def __init__(self, model: Decoder, max_streams: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None):
         if max_streams < 1:
@@ -27,11 +28,12 @@ class StatePool:
         device = torch.device(device) if device is not None else p.device
         dtype = dtype or p.dtype
         self.max_streams = max_streams
+        rows = max_streams + 1
+        self.scratch_slot = max_streams
         self.buffers: dict[str, Tensor] = {
-            key: torch.zeros(max_streams, *shape, device=device, dtype=dtype)
-            for key, shape in model.state_shapes().items()
+            key: torch.zeros(rows, *shape, device=device, dtype=dtype) for key, shape in model.state_shapes().items()
         }
-        self.position = torch.zeros(max_streams, dtype=torch.long, device=device)
+        self.position = torch.zeros(rows, dtype=torch.long, device=device)
         self._free = list(range(max_streams - 1, -1, -1))
 
     @property
@@ -40,7 +42,8 @@ class StatePool:
 
     @property
     def nbytes(self) -> int:
-        return self.bytes_per_stream * self.max_streams
+        """Bytes allocated for the whole pool (every slot plus the scratch row)."""
+        return self.bytes_per_stream * (self.max_streams + 1)
 
     @property
     def in_use(self) -> int:
@@ -65,7 +68,18 @@ class StatePool:
             b[slot].zero_()
         self.position[slot] = 0
 
+    @torch.no_grad()
+    def run(self, model: Decoder, codes: Tensor, slots: Tensor, n_new: Tensor) -> Tensor:
+        """One streaming step of ``model`` over rows ``slots`` (device tensors); advances their
+        positions. Pure device work with static shapes: this is what a CUDA graph captures."""
+        step = Step(self.buffers, slots, n_new, self.position.index_select(0, slots))
+        wav = model(codes, step)
+        self.position.index_add_(0, slots, n_new)
+        return wav[:, 0]
+
     def step(self, slots: Tensor, n_new: Tensor) -> Step:
+        """A step over ``slots`` for partial passes (``front`` or ``back`` alone); the caller
+        advances positions with :meth:`advance` after ``front``."""
         return Step(self.buffers, slots, n_new, self.position.index_select(0, slots))
 
     def advance(self, slots: Tensor, n_new: Tensor) -> None:

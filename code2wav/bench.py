@@ -1,0 +1,239 @@
+"""``code2wav bench``: the streaming workload, every mode side by side on the same weights.
+
+N streams arrive staggered; each opens (optionally with a reference prefix), pushes a first
+chunk, then steady chunks (default 1 then 25 frames, like a talker), as fast as its audio comes
+back, and finishes. Per mode and concurrency level we report aggregate throughput (audio seconds
+per wall second), step latency p50/p99, time to first packet (first frames pushed -> first audio
+back) p50/p99, and GPU memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from code2wav.engine.async_engine import AsyncEngine
+from code2wav.model.decoder import Decoder
+from code2wav.stream.engine import StreamEngine
+
+ALL_MODES = ("exact-graph", "exact-eager", "windowed", "full")
+
+
+@dataclass
+class Result:
+    mode: str
+    concurrency: int
+    prefix_frames: int
+    streams: int
+    audio_s: float
+    wall_s: float
+    throughput_x: float
+    step_p50_ms: float
+    step_p99_ms: float
+    ttfp_p50_ms: float
+    ttfp_p99_ms: float
+    steps: int
+    mem_weights_mb: float
+    mem_state_pool_mb: float
+    mem_graph_pool_mb: float
+    mem_peak_mb: float
+    graph_hits: int
+    graph_fallbacks: int
+
+
+def _pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(xs) * 1e3, q)) if xs else float("nan")
+
+
+def schedule_sizes(schedule: list[int], total: int) -> list[int]:
+    sizes: list[int] = []
+    while sum(sizes) < total:
+        sizes.append(min(schedule[min(len(sizes), len(schedule) - 1)], total - sum(sizes)))
+    return sizes
+
+
+def build_engine(model: Decoder, mode: str, max_streams: int, max_batch_frames: int) -> StreamEngine:
+    core_mode = mode.split("-")[0]
+    core = StreamEngine(model, max_streams=max_streams, mode=core_mode, max_step_frames=32, max_batch_frames=max_batch_frames)  # type: ignore[arg-type]
+    if mode == "exact-graph":
+        from code2wav.engine.graphs import GraphRunner
+
+        runner = GraphRunner(model, core.pool, max_batch_frames=max_batch_frames)
+        runner.capture()
+        core.runner = runner
+    return core
+
+
+async def _workload(core: StreamEngine, concurrency: int, frames: int, schedule: list[int], prefix: int, stagger_s: float, seed: int):
+    q, size = core.cfg.num_quantizers, core.cfg.codebook_size
+    rng = np.random.default_rng(seed)
+    ttfp: list[float] = []
+    audio = [0]
+    async with AsyncEngine(core, max_pending_chunks=4) as eng:
+
+        async def one(i: int) -> None:
+            await asyncio.sleep(i * stagger_s)
+            codes = rng.integers(0, size, (prefix + frames, q))
+            rid = f"bench-{seed}-{i}"
+            await eng.open(rid, codes[:prefix] if prefix else None)
+            at = prefix
+            for k, n in enumerate(schedule_sizes(schedule, frames)):
+                t0 = time.perf_counter()
+                out = await eng.push(rid, codes[at : at + n])
+                if k == 0:
+                    ttfp.append(time.perf_counter() - t0)
+                audio[0] += out.numel()
+                at += n
+            await eng.finish(rid)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(concurrency)))
+        wall = time.perf_counter() - t0
+        stats = eng.stats
+    return wall, audio[0], ttfp, stats
+
+
+def run(
+    model: Decoder,
+    modes: list[str],
+    levels: list[int],
+    frames: int = 101,
+    schedule: list[int] | None = None,
+    prefix_frames: int = 0,
+    stagger_s: float = 0.002,
+    max_batch_frames: int = 512,
+    progress: bool = True,
+) -> list[Result]:
+    schedule = schedule or [1, 25]
+    cuda = next(model.parameters()).is_cuda
+    weights_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+    results: list[Result] = []
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(modes) * len(levels), disable=not progress, desc="bench")
+    for mode in modes:
+        if mode == "exact-graph" and not cuda:
+            bar.update(len(levels))
+            continue
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        core = build_engine(model, mode, max(levels), max_batch_frames)
+        graph_mb = core.runner.memory_bytes() / 2**20 if mode == "exact-graph" else 0.0  # type: ignore[union-attr]
+        # One untimed warm-up run per engine (allocator, cudnn autotune, lazy init).
+        asyncio.run(_workload(core, min(4, max(levels)), min(frames, 30), schedule, prefix_frames, 0.0, seed=99))
+        for c in levels:
+            if cuda:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            wall, samples, ttfp, stats = asyncio.run(_workload(core, c, frames, schedule, prefix_frames, stagger_s, seed=c))
+            runner = core.runner
+            hits = getattr(runner, "hits", 0)
+            fb = sum(getattr(runner, "fallbacks", {}).values())
+            audio_s = samples / core.cfg.sample_rate
+            results.append(
+                Result(
+                    mode=mode,
+                    concurrency=c,
+                    prefix_frames=prefix_frames,
+                    streams=c,
+                    audio_s=audio_s,
+                    wall_s=wall,
+                    throughput_x=audio_s / wall,
+                    step_p50_ms=_pct(stats.step_seconds, 50),
+                    step_p99_ms=_pct(stats.step_seconds, 99),
+                    ttfp_p50_ms=_pct(ttfp, 50),
+                    ttfp_p99_ms=_pct(ttfp, 99),
+                    steps=stats.steps,
+                    mem_weights_mb=weights_mb,
+                    mem_state_pool_mb=(core.pool.nbytes / 2**20) if core.pool is not None else 0.0,
+                    mem_graph_pool_mb=graph_mb,
+                    mem_peak_mb=torch.cuda.max_memory_allocated() / 2**20 if cuda else float("nan"),
+                    graph_hits=hits,
+                    graph_fallbacks=fb,
+                )
+            )
+            bar.update(1)
+        del core
+    bar.close()
+    return results
+
+
+def table(results: list[Result]) -> str:
+    head = f"{'mode':<12}{'c':>5}{'pfx':>5}{'x RT':>9}{'step p50':>10}{'step p99':>10}{'TTFP p50':>10}{'TTFP p99':>10}{'pool MB':>9}{'graph MB':>9}{'peak MB':>9}"
+    lines = [head, "-" * len(head)]
+    for r in results:
+        lines.append(
+            f"{r.mode:<12}{r.concurrency:>5}{r.prefix_frames:>5}{r.throughput_x:>9.1f}{r.step_p50_ms:>10.2f}{r.step_p99_ms:>10.2f}"
+            f"{r.ttfp_p50_ms:>10.2f}{r.ttfp_p99_ms:>10.2f}{r.mem_state_pool_mb:>9.0f}{r.mem_graph_pool_mb:>9.0f}{r.mem_peak_mb:>9.0f}"
+        )
+    return "\n".join(lines)
+
+
+def plot(results: list[Result], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for mode in dict.fromkeys(r.mode for r in results):
+        rs = [r for r in results if r.mode == mode and r.prefix_frames == results[0].prefix_frames]
+        a.plot([r.concurrency for r in rs], [r.throughput_x for r in rs], marker="o", label=mode)
+        b.plot([r.concurrency for r in rs], [r.ttfp_p50_ms for r in rs], marker="o", label=mode)
+    for ax, title in ((a, "throughput (x real time)"), (b, "time to first packet p50 (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("concurrent streams")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="checkpoint (default: embedded random weights)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float64"])
+    p.add_argument("--modes", default=",".join(ALL_MODES))
+    p.add_argument("--levels", default="1,4,16,64,256")
+    p.add_argument("--frames", type=int, default=101, help="frames per stream (after the prefix)")
+    p.add_argument("--chunks", default="1,25", help="chunk schedule, the last size repeating")
+    p.add_argument("--prefix", default="0", help="reference prefix frames; comma list runs each")
+    p.add_argument("--stagger-ms", type=float, default=2.0)
+    p.add_argument("--max-batch-frames", type=int, default=512)
+    p.add_argument("--out", default="bench-out", help="directory for results.json and plot.png")
+
+
+def main(args: argparse.Namespace) -> int:
+    from code2wav.model.loading import load_decoder
+
+    dtype = getattr(torch, args.dtype)
+    model = load_decoder(args.model, device=args.device, dtype=dtype)
+    modes = [m for m in args.modes.split(",") if m]
+    bad = [m for m in modes if m not in ALL_MODES]
+    if bad:
+        raise SystemExit(f"code2wav bench: unknown mode(s) {bad}; choose from {ALL_MODES}")
+    levels = [int(x) for x in args.levels.split(",")]
+    chunks = [int(x) for x in args.chunks.split(",")]
+    results: list[Result] = []
+    for pfx in [int(x) for x in args.prefix.split(",")]:
+        results += run(model, modes, levels, args.frames, chunks, pfx, args.stagger_ms / 1e3, args.max_batch_frames)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu", "dtype": args.dtype, "torch": torch.__version__}
+    (out / "results.json").write_text(json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=2))
+    plot(results, out / "plot.png")
+    print(table(results))
+    return 0

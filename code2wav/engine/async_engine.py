@@ -1,0 +1,187 @@
+"""Continuous batching over a :class:`StreamEngine`, for asyncio callers (the server, the bench).
+
+Streams push chunks at any time. A scheduler task takes the oldest pending chunk of every
+stream that has one, runs them as one batched step in a single worker thread (the decoder and
+its state pool are not thread-safe, and the event loop must stay free), and resolves each
+chunk's future as soon as the step returns. One chunk per stream per step keeps per-stream
+order. Queues are bounded: a stream with too many chunks in flight is refused, never buffered
+without limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from code2wav.stream.engine import StreamEngine, StreamError
+
+
+class Backpressure(StreamError):
+    """Too many chunks in flight for one stream; retry after its audio arrives."""
+
+    def __init__(self, message: str):
+        super().__init__("queue_full", message)
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    rows: int = 0
+    frames: int = 0
+    step_seconds: list[float] = field(default_factory=list)
+    errors: dict[str, int] = field(default_factory=dict)
+
+    def record_error(self, code: str) -> None:
+        self.errors[code] = self.errors.get(code, 0) + 1
+
+
+class AsyncEngine:
+    def __init__(self, core: StreamEngine, max_pending_chunks: int = 16, batch_wait_s: float = 0.0, keep_step_times: int = 100_000):
+        self.core = core
+        self.max_pending_chunks = max_pending_chunks
+        self.batch_wait_s = batch_wait_s  # >0: wait a little for more rows (throughput mode)
+        self.stats = EngineStats()
+        self._keep = keep_step_times
+        self._pending: dict[str, deque[tuple[Tensor | object, asyncio.Future]]] = {}
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="code2wav-step")
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name="code2wav-scheduler")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        for rid in list(self._pending):  # streams still open are aborted: their state is freed
+            self._fail_pending(rid, StreamError("shutdown", f"stream {rid!r}: engine stopped"))
+            self._pending.pop(rid)
+            await self._call(self.core.abort, rid)
+        self._worker.shutdown(wait=True)
+
+    async def __aenter__(self) -> "AsyncEngine":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+    async def _call(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
+
+    async def open(self, request_id: str, prefix: object = None) -> None:
+        """Open a stream (prefill of the reference prefix runs on the worker, between steps)."""
+        try:
+            await self._call(self.core.open, request_id, prefix)
+        except StreamError as e:
+            self.stats.record_error(e.code)
+            raise
+        except Exception as e:
+            self.stats.record_error(getattr(e, "code", type(e).__name__))
+            raise
+        self._pending[request_id] = deque()
+
+    async def push(self, request_id: str, frames: object) -> Tensor:
+        """Queue new frames; returns their audio once the step that decodes them completes."""
+        q = self._pending.get(request_id)
+        if q is None:
+            self.core._get(request_id)  # raises the precise error (unknown / ended)
+            raise StreamError("unknown_request_id", f"no open stream {request_id!r}")
+        if len(q) >= self.max_pending_chunks:
+            self.stats.record_error("queue_full")
+            raise Backpressure(f"stream {request_id!r} has {len(q)} chunks in flight (limit {self.max_pending_chunks})")
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        q.append((frames, fut))
+        self._wake.set()
+        return await fut
+
+    async def finish(self, request_id: str, frames: object = None) -> Tensor:
+        """Decode the last frames (if any), wait for every queued chunk, free the stream."""
+        audio = torch.zeros(0)
+        try:
+            if frames is not None and len(frames) > 0:  # type: ignore[arg-type]
+                audio = await self.push(request_id, frames)
+            else:
+                q = self._pending.get(request_id)
+                if q:
+                    await asyncio.gather(*(f for _, f in q), return_exceptions=True)
+        finally:
+            if request_id in self._pending:
+                self._pending.pop(request_id)
+                await self._call(self.core.finish, request_id)
+        return audio
+
+    async def abort(self, request_id: str) -> None:
+        """Drop queued chunks and free the state now (e.g. the client disconnected)."""
+        if request_id in self._pending:
+            self._fail_pending(request_id, StreamError("aborted", f"stream {request_id!r} aborted"))
+            self._pending.pop(request_id, None)
+        await self._call(self.core.abort, request_id)
+
+    def _fail_pending(self, rid: str, err: Exception) -> None:
+        for _, fut in self._pending.get(rid, ()):
+            if not fut.done():
+                fut.set_exception(err)
+                fut.exception()  # mark retrieved: an abandoned chunk is not an unhandled error
+
+    # -- scheduler --------------------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if self.batch_wait_s > 0:
+                await asyncio.sleep(self.batch_wait_s)
+            batch: dict[str, object] = {}
+            futures: dict[str, asyncio.Future] = {}
+            for rid, q in self._pending.items():
+                while q and q[0][1].done():  # cancelled by its caller
+                    q.popleft()
+                if q:
+                    frames, fut = q.popleft()
+                    batch[rid], futures[rid] = frames, fut
+            if not batch:
+                continue
+            try:
+                results, seconds = await self._call(self._timed_step, batch)
+            except Exception as e:  # a device failure fails this step's rows, not the loop
+                results, seconds = {rid: e for rid in batch}, 0.0
+            self._account(batch, results, seconds)
+            for rid, res in results.items():
+                fut = futures[rid]
+                if fut.done():
+                    continue
+                if isinstance(res, Exception):
+                    self.stats.record_error(getattr(res, "code", type(res).__name__))
+                    fut.set_exception(res)
+                else:
+                    fut.set_result(res)
+            if any(self._pending.values()):
+                self._wake.set()
+
+    def _timed_step(self, batch: dict[str, object]):
+        t0 = time.perf_counter()
+        results = self.core.step(batch)
+        return results, time.perf_counter() - t0
+
+    def _account(self, batch: dict[str, object], results: dict, seconds: float) -> None:
+        ok = [r for r in results.values() if not isinstance(r, Exception)]
+        self.stats.steps += 1
+        self.stats.rows += len(ok)
+        self.stats.frames += sum(r.numel() for r in ok) // self.core.cfg.samples_per_frame
+        if len(self.stats.step_seconds) < self._keep:
+            self.stats.step_seconds.append(seconds)

@@ -1,0 +1,127 @@
+"""CUDA-graph replay of the batched streaming step.
+
+A step is captured once per (batch bucket, frames bucket) pair. At run time the real step is
+padded up to the smallest bucket that holds it: extra frames are causal padding (discarded),
+extra rows point at the pool's scratch slot with zero new frames. State is gathered and
+scattered in place inside the graph, so a replay is the whole step. Shapes no bucket holds run
+eagerly, and the reason is counted.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from code2wav.model.decoder import Decoder
+from code2wav.stream.pool import StatePool
+
+DEFAULT_FRAMES = (1, 2, 4, 8, 16, 25, 32)
+DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def plan_buckets(batch_sizes: tuple[int, ...], frame_sizes: tuple[int, ...], max_batch_frames: int, max_streams: int) -> list[tuple[int, int]]:
+    """Every (batch, frames) pair worth capturing: within the frame budget and the pool size."""
+    out = []
+    for t in sorted(set(frame_sizes)):
+        for b in sorted(set(batch_sizes)):
+            if b * t <= max_batch_frames and b <= max_streams:
+                out.append((b, t))
+    return out
+
+
+def pick_bucket(buckets: list[tuple[int, int]], batch: int, frames: int) -> tuple[int, int] | None:
+    """Smallest padded work (b * t) among buckets holding ``batch`` rows of ``frames`` frames."""
+    fits = [(b * t, t, b) for b, t in buckets if b >= batch and t >= frames]
+    if not fits:
+        return None
+    _, t, b = min(fits)
+    return b, t
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    codes: Tensor
+    slots: Tensor
+    n_new: Tensor
+    out: Tensor
+
+
+class GraphRunner:
+    """Drop-in ``StreamEngine.runner`` that replays captured graphs."""
+
+    def __init__(
+        self,
+        model: Decoder,
+        pool: StatePool,
+        batch_sizes: tuple[int, ...] = DEFAULT_BATCHES,
+        frame_sizes: tuple[int, ...] = DEFAULT_FRAMES,
+        max_batch_frames: int = 512,
+    ):
+        self.model, self.pool = model, pool
+        self.device = next(model.parameters()).device
+        if self.device.type != "cuda":
+            raise ValueError("CUDA graphs need the model on a CUDA device")
+        self.buckets = plan_buckets(batch_sizes, frame_sizes, max_batch_frames, pool.max_streams)
+        self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.mempool = torch.cuda.graph_pool_handle()
+        self.hits = 0
+        self.fallbacks: Counter[str] = Counter()
+
+    @torch.no_grad()
+    def capture(self) -> None:
+        """Warm up and capture every bucket, largest first so smaller graphs reuse its memory."""
+        q = self.model.config.num_quantizers
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        for b, t in sorted(self.buckets, key=lambda bt: -bt[0] * bt[1]):
+            codes = torch.zeros(b, q, t, dtype=torch.long, device=self.device)
+            slots = torch.full((b,), self.pool.scratch_slot, dtype=torch.long, device=self.device)
+            n_new = torch.zeros(b, dtype=torch.long, device=self.device)
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm-up: kernels compiled, allocator primed
+                    self.pool.run(self.model, codes, slots, n_new)
+            stream.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=self.mempool, stream=stream):
+                out = self.pool.run(self.model, codes, slots, n_new)
+            self.graphs[(b, t)] = _Graph(g, codes, slots, n_new, out)
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+
+    def __call__(self, codes: Tensor, slots: Tensor, n_new: Tensor) -> Tensor:
+        B, _, T = codes.shape
+        shape = pick_bucket(list(self.graphs), B, T)
+        if shape is None:
+            self.fallbacks["no bucket" if self.graphs else "not captured"] += 1
+            return self.pool.run(self.model, codes.to(self.device), slots.to(self.device), n_new.to(self.device))
+        if torch.cuda.is_current_stream_capturing():
+            self.fallbacks["stream capture active"] += 1
+            return self.pool.run(self.model, codes.to(self.device), slots.to(self.device), n_new.to(self.device))
+        g = self.graphs[shape]
+        g.codes.zero_()
+        g.codes[:B, :, :T].copy_(codes, non_blocking=True)
+        g.slots.fill_(self.pool.scratch_slot)
+        g.slots[:B].copy_(slots, non_blocking=True)
+        g.n_new.zero_()
+        g.n_new[:B].copy_(n_new, non_blocking=True)
+        g.graph.replay()
+        self.hits += 1
+        return g.out[:B, : T * self.model.config.samples_per_frame]
+
+    def stats(self) -> dict[str, object]:
+        return {"graphs": len(self.graphs), "hits": self.hits, "fallbacks": dict(self.fallbacks)}
+
+    def memory_bytes(self) -> int:
+        """Bytes the shared graph memory pool holds (reserved by the caching allocator)."""
+        try:
+            return sum(
+                seg["total_size"]
+                for seg in torch.cuda.memory_snapshot()
+                if tuple(seg.get("segment_pool_id", (0, 0))) == tuple(self.mempool)
+            )
+        except Exception:  # pragma: no cover - snapshot layout differs across versions
+            return -1

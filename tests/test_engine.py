@@ -1,0 +1,157 @@
+"""The async engine (continuous batching) and the graph path's shape decisions, on CPU."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+
+from code2wav.codes import CodesError
+from code2wav.engine.async_engine import AsyncEngine, Backpressure
+from code2wav.engine.graphs import pick_bucket, plan_buckets
+from code2wav.stream.engine import StreamEngine, StreamError, _groups
+from code2wav.stream.pool import PoolFull
+from tests.models import SMALL, forward_audio, model, one_thread, random_codes
+
+SPF = 1920
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    with one_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def m():
+    return model(SMALL, torch.float64)
+
+
+@pytest.fixture(scope="module")
+def codes():
+    return random_codes(300, SMALL, seed=5)
+
+
+def test_concurrent_streams_equal_each_alone(m, codes):
+    """12 streams with their own prefixes and schedules push concurrently; the scheduler batches
+    whatever is pending; each stream's audio equals its own whole-utterance forward."""
+    specs = [(i * 7 % 40, [1 + i % 5, 25 - i]) for i in range(12)]
+    n = 60
+
+    async def main():
+        core = StreamEngine(m, max_streams=12, max_step_frames=16, max_batch_frames=64)
+        async with AsyncEngine(core) as eng:
+
+            async def one(i):
+                p, sched = specs[i]
+                await asyncio.sleep(0.001 * i)
+                await eng.open(f"s{i}", codes[:p])
+                out, at, k = [], p, 0
+                while at < p + n:
+                    size = min(sched[min(k, 1)], p + n - at)
+                    out.append(await eng.push(f"s{i}", codes[at : at + size]))
+                    at, k = at + size, k + 1
+                await eng.finish(f"s{i}")
+                return torch.cat(out)
+
+            outs = await asyncio.gather(*(one(i) for i in range(12)))
+            steps, rows = eng.stats.steps, eng.stats.rows
+        return outs, steps, rows, core
+
+    outs, steps, rows, core = asyncio.run(main())
+    ref = forward_audio(m, codes[: 40 + n])
+    for i, (p, _) in enumerate(specs):
+        assert (outs[i] - ref[p * SPF : (p + n) * SPF]).abs().max() <= 1e-9, i
+    assert rows / steps > 1.5, "streams were batched together"
+    assert core.active == 0 and core.pool.in_use == 0
+
+
+def test_per_stream_order_with_many_chunks_in_flight(m, codes):
+    """Chunks pushed without awaiting come back in order, one per step, exact."""
+
+    async def main():
+        core = StreamEngine(m, max_streams=2)
+        async with AsyncEngine(core, max_pending_chunks=8) as eng:
+            await eng.open("a")
+            futs = [asyncio.ensure_future(eng.push("a", codes[3 * k : 3 * k + 3])) for k in range(6)]
+            outs = await asyncio.gather(*futs)
+            await eng.finish("a")
+        return torch.cat(outs)
+
+    out = asyncio.run(main())
+    assert (out - forward_audio(m, codes[:18])).abs().max() <= 1e-9
+
+
+def test_backpressure_and_refusals(m, codes):
+    async def main():
+        core = StreamEngine(m, max_streams=1)
+        async with AsyncEngine(core, max_pending_chunks=2) as eng:
+            await eng.open("a")
+            with pytest.raises(PoolFull):
+                await eng.open("b")
+            with pytest.raises(StreamError, match="no open stream 'zzz'"):
+                await eng.push("zzz", codes[:1])
+            futs = [asyncio.ensure_future(eng.push("a", codes[k : k + 1])) for k in range(2)]
+            await asyncio.sleep(0)  # both queued
+            with pytest.raises(Backpressure, match="'a' has 2 chunks in flight"):
+                await eng.push("a", codes[2:3])
+            first = await asyncio.gather(*futs)
+            with pytest.raises(CodesError, match="outside"):
+                await eng.push("a", np.full((1, 16), 4096))
+            third = await eng.push("a", codes[2:3])  # the stream survives a bad chunk
+            await eng.finish("a")
+            with pytest.raises(StreamError, match="already finished"):
+                await eng.push("a", codes[:1])
+            errors = dict(eng.stats.errors)
+        return torch.cat([*first, third]), errors
+
+    out, errors = asyncio.run(main())
+    assert (out - forward_audio(m, codes[:3])).abs().max() <= 1e-9
+    assert errors["queue_full"] == 1 and errors["out_of_range"] == 1
+
+
+def test_abort_drops_queued_chunks_and_frees(m, codes):
+    async def main():
+        core = StreamEngine(m, max_streams=1)
+        async with AsyncEngine(core, max_pending_chunks=8) as eng:
+            await eng.open("a")
+            futs = [asyncio.ensure_future(eng.push("a", codes[k : k + 1])) for k in range(5)]
+            await asyncio.sleep(0)
+            await eng.abort("a")
+            done = await asyncio.gather(*futs, return_exceptions=True)
+            await eng.open("b")  # the slot is free again
+            out = await eng.push("b", codes[:2])
+        return done, out, core
+
+    done, out, core = asyncio.run(main())
+    assert any(isinstance(d, StreamError) and d.code == "aborted" for d in done)
+    assert (out - forward_audio(m, codes[:2])).abs().max() <= 1e-9
+    assert core.active == 0
+
+
+# -- the graph path's shape decisions ------------------------------------------------------------
+
+
+def test_buckets_respect_frame_budget_and_pool():
+    buckets = plan_buckets((1, 2, 4, 8, 16, 32, 64, 128, 256), (1, 2, 4, 8, 16, 25, 32), 512, 100)
+    assert all(b * t <= 512 and b <= 100 for b, t in buckets)
+    assert (64, 8) in buckets and (16, 32) in buckets and (128, 4) not in buckets
+
+
+@pytest.mark.parametrize(
+    "batch,frames,expect",
+    [(1, 1, (1, 1)), (3, 1, (4, 1)), (5, 20, (8, 25)), (16, 25, (16, 25)), (17, 25, None), (1, 26, (1, 32)), (1, 33, None), (64, 3, (64, 4))],
+)
+def test_pick_bucket_takes_least_padded_work(batch, frames, expect):
+    buckets = plan_buckets((1, 2, 4, 8, 16, 32, 64), (1, 2, 4, 8, 16, 25, 32), 512, 64)
+    assert pick_bucket(buckets, batch, frames) == expect
+
+
+def test_rows_grouped_under_the_frame_budget():
+    take = {0: 25, 1: 1, 2: 25, 3: 25, 4: 3}
+    groups = _groups([0, 1, 2, 3, 4], take, 50)
+    assert [i for g in groups for i in g] == [0, 1, 2, 3, 4]  # order kept, nothing dropped
+    assert all(len(g) * max(take[i] for i in g) <= 50 for g in groups)
+    assert _groups([0], {0: 64}, 50) == [[0]]  # a single row always runs
