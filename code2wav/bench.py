@@ -237,3 +237,9 @@ def main(args: argparse.Namespace) -> int:
     plot(results, out / "plot.png")
     print(table(results))
     return 0
+
+
+if __name__ == "__main__":
+    _parser = argparse.ArgumentParser(prog="python -m code2wav.bench", description=__doc__)
+    add_arguments(_parser)
+    raise SystemExit(main(_parser.parse_args()))

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Everything the H200 run does, in one call: checks, offline and streaming benchmarks.
+# Usage (device machine, repo root): bash bench/gpu.sh [quick]
+set -uo pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+OUT="${OUT:-bench-out}"; mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then  # qwen-tts-compat (the official decoder) travels as a wheel
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+export CODE2WAV_CACHE=/tmp/code2wav-cache
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader
+python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
+git log -1 --format='commit %H %cd' 2>/dev/null || true
+python3 bench/gpu_check.py 2>&1 | tee "$OUT/gpu_check.txt"
+if [ "${1:-}" = quick ]; then
+  python3 -m code2wav.bench --levels 1,16,64 --modes exact-graph,exact-eager,windowed --frames 51 --out "$OUT" 2>&1 | tee "$OUT/bench.txt"
+else
+  python3 bench/offline.py --device cuda --dtypes float32,bfloat16 --batches 1,16,64 --frames 125 --json "$OUT/offline.json" 2>&1 | tee "$OUT/offline.txt"
+  python3 -m code2wav.bench --levels 1,4,16,64,256 --frames 101 --prefix 0,72 --out "$OUT" 2>&1 | tee "$OUT/bench.txt"
+fi
+echo "=== summary ==="
+grep -E "^(PASS|FAIL|SUMMARY)" "$OUT/gpu_check.txt"
+[ -f "$OUT/offline.txt" ] && tail -n 7 "$OUT/offline.txt"
+tail -n 25 "$OUT/bench.txt"
