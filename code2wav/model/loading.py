@@ -61,7 +61,7 @@ def _download(repo_id: str) -> Path:
         raise CheckpointError(f"{repo_id}: no such directory, and not a hub id of the form owner/name")
     try:
         from huggingface_hub import hf_hub_download
-        from huggingface_hub.errors import EntryNotFoundError
+        from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
     except ImportError as e:  # pragma: no cover - huggingface_hub is a dependency
         raise CheckpointError(f"huggingface_hub is needed to fetch {repo_id}") from e
     try:
@@ -70,6 +70,8 @@ def _download(repo_id: str) -> Path:
                 cfg = hf_hub_download(repo_id, CONFIG_FILE, subfolder=sub)
                 hf_hub_download(repo_id, WEIGHTS_FILE, subfolder=sub)
                 return Path(cfg).parent
+            except LocalEntryNotFoundError:
+                raise  # offline and not cached: a subclass of EntryNotFoundError, not "absent"
             except EntryNotFoundError:
                 continue
     except CheckpointError:
