@@ -12,6 +12,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,n
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
 git log -1 --format='commit %H %cd' 2>/dev/null || true
 python3 bench/gpu_check.py 2>&1 | tee "$OUT/gpu_check.txt"
+[ "${1:-}" = profile ] && { python3 bench/profile_step.py bfloat16 2>&1 | tee "$OUT/profile.txt"; exit 0; }
 if [ "${1:-}" = quick ]; then
   python3 -m code2wav.bench --levels 1,16,64 --modes exact-graph,exact-eager,windowed --frames 51 --out "$OUT" 2>&1 | tee "$OUT/bench.txt"
 else
@@ -19,6 +20,6 @@ else
   python3 -m code2wav.bench --levels 1,4,16,64,256 --frames 101 --prefix 0,72 --out "$OUT" 2>&1 | tee "$OUT/bench.txt"
 fi
 echo "=== summary ==="
-grep -E "^(PASS|FAIL|SUMMARY)" "$OUT/gpu_check.txt"
+grep -E "^(PASS|FAIL|SUMMARY|INFO)" "$OUT/gpu_check.txt"
 [ -f "$OUT/offline.txt" ] && tail -n 7 "$OUT/offline.txt"
 tail -n 25 "$OUT/bench.txt"

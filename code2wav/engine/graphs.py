@@ -112,6 +112,11 @@ class GraphRunner:
         self.hits += 1
         return g.out[:B, : T * self.model.config.samples_per_frame]
 
+    def max_rows(self, frames: int) -> int | None:
+        """Most rows a captured graph holds at ``frames`` frames (None: no bucket fits)."""
+        rows = [b for b, t in self.graphs if t >= frames]
+        return max(rows) if rows else None
+
     def stats(self) -> dict[str, object]:
         return {"graphs": len(self.graphs), "hits": self.hits, "fallbacks": dict(self.fallbacks)}
 

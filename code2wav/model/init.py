@@ -44,9 +44,9 @@ def random_decoder(cfg: DecoderConfig, seed: int = 0, target_std: float = 0.3) -
     # Rescale the last conv so the (unclamped) output has the target spread.
     model.fold_codebooks()
     codes = torch.randint(0, cfg.codebook_size, (1, cfg.num_quantizers, 8), generator=g)
-    final = model.decoder[-1].conv
     captured: list[torch.Tensor] = []
-    handle = final.register_forward_hook(lambda m, i, o: captured.append(o))
+    handle = model.decoder[-1].register_forward_hook(lambda m, i, o: captured.append(o))  # pre-clamp
+    final = model.decoder[-1].conv
     model(codes)
     handle.remove()
     out = captured[0]

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from code2wav.kernels.mono_conv import mono_conv
 from code2wav.kernels.snake import snake_beta
 from code2wav.model.streaming import Step, StreamingLayer
 
@@ -33,6 +34,8 @@ class CausalConv1d(StreamingLayer):
             return self.conv(x)
         xx = torch.cat([self._read_history(x, step, self.state_key), x], dim=-1)
         self._write_history(xx, step, self.state_key)
+        if self.conv.out_channels == 1:  # the output conv: cuDNN is slow for one channel
+            return mono_conv(xx, self.conv.weight, self.conv.bias, self.conv.dilation[0])
         return self.conv(xx)
 
 
@@ -63,7 +66,8 @@ class CausalConvTranspose1d(StreamingLayer):
             return self.conv(x)[..., :n]
         xx = torch.cat([self._read_history(x, step, self.state_key), x], dim=-1)
         self._write_history(xx, step, self.state_key)
-        return self.conv(xx)[..., self.stride : self.stride + n]
+        # One copy here keeps every later elementwise op on contiguous memory.
+        return self.conv(xx)[..., self.stride : self.stride + n].contiguous()
 
 
 class SnakeBeta(nn.Module):
@@ -91,9 +95,9 @@ class ConvNeXtBlock(nn.Module):
 
     def forward(self, x: Tensor, step: Step | None = None) -> Tensor:
         h = self.dwconv(x, step).transpose(1, 2)
-        acc = torch.promote_types(h.dtype, torch.float32)
-        h = F.layer_norm(h.to(acc), (h.shape[-1],), self.norm.weight.to(acc), self.norm.bias.to(acc), self.norm.eps)
-        h = self.pwconv2(F.gelu(self.pwconv1(h.to(x.dtype))))
+        # layer_norm accumulates half/bf16 inputs in fp32 internally (and fp64 in fp64).
+        h = F.layer_norm(h, (h.shape[-1],), self.norm.weight, self.norm.bias, self.norm.eps)
+        h = self.pwconv2(F.gelu(self.pwconv1(h)))
         return x + (self.gamma * h).transpose(1, 2)
 
 

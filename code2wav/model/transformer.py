@@ -80,26 +80,34 @@ class Attention(StreamingLayer):
         shape = (self.n_kv, self.history, self.head_dim)
         return {f"{self.state_key}.k": shape, f"{self.state_key}.v": shape}
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], q_pos: Tensor, step: Step | None) -> Tensor:
+    def key_positions(self, q_pos: Tensor, step: Step | None) -> Tensor:
+        """Absolute positions of the keys a step attends to: [cache window, new frames]."""
+        if step is None:
+            return q_pos
+        T = q_pos.shape[1]
+        return step.start[:, None] - self.history + torch.arange(self.history + T, device=q_pos.device)
+
+    def mask(self, q_pos: Tensor, step: Step | None) -> Tensor:
+        """[B, 1, T, keys]: causal, within the sliding window, and no key before position 0."""
+        qp, kp = q_pos[:, :, None], self.key_positions(q_pos, step)[:, None, :]
+        return ((kp <= qp) & (kp > qp - self.sliding_window) & (kp >= 0))[:, None]
+
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, step: Step | None) -> Tensor:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         q, k = _rotate(q, *rope), _rotate(k, *rope)
-        k_pos = q_pos
         if step is not None:
             W = self.history
             k = torch.cat([step.gather(f"{self.state_key}.k").to(k.dtype), k], dim=2)
             v = torch.cat([step.gather(f"{self.state_key}.v").to(v.dtype), v], dim=2)
             step.scatter(f"{self.state_key}.k", window(k, step.n_new, W, dim=2))
             step.scatter(f"{self.state_key}.v", window(v, step.n_new, W, dim=2))
-            k_pos = step.start[:, None] - W + torch.arange(W + T, device=x.device)
-        qp, kp = q_pos[:, :, None], k_pos[:, None, :]
-        mask = (kp <= qp) & (kp > qp - self.sliding_window) & (kp >= 0)
         if self.n_kv != self.n_heads:
             k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
             v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], scale=1.0 / math.sqrt(self.head_dim))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim))
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -124,8 +132,8 @@ class TransformerLayer(nn.Module):
         self.mlp = MLP(cfg)
         self.mlp_layer_scale = LayerScale(cfg.hidden_size)
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], q_pos: Tensor, step: Step | None) -> Tensor:
-        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), rope, q_pos, step))
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, step: Step | None) -> Tensor:
+        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), rope, mask, step))
         return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
 
 
@@ -145,7 +153,8 @@ class Transformer(nn.Module):
         if step is not None:
             q_pos = step.start[:, None] + q_pos
         rope = self.rotary(q_pos)
+        mask = self.layers[0].self_attn.mask(q_pos, step)  # the same for every layer
         h = self.input_proj(x)
         for layer in self.layers:
-            h = layer(h, rope, q_pos, step)
+            h = layer(h, rope, mask, step)
         return self.output_proj(self.norm(h))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Literal, Mapping
+from typing import Callable, Literal, Mapping
 
 import torch
 from torch import Tensor
@@ -207,7 +207,7 @@ class StreamEngine:
             if not active:
                 break
             take = {i: min(rows[i][1].shape[0] - done[i], self.max_step_frames) for i in active}
-            for group in _groups(active, take, self.max_batch_frames):
+            for group in _groups(active, take, self._max_rows):
                 n = [take[i] for i in group]
                 codes = torch.zeros(len(group), self.cfg.num_quantizers, max(n), dtype=torch.long)
                 for j, i in enumerate(group):
@@ -219,6 +219,15 @@ class StreamEngine:
             for i in active:
                 done[i] += take[i]
         return [torch.cat(p) for p in pieces]
+
+    def _eager_max_rows(self, frames: int) -> int:
+        return max(1, self.max_batch_frames // frames)
+
+    def _max_rows(self, frames: int) -> int:
+        """Rows one step may hold at this many frames: what the runner replays without falling
+        back (graph buckets), else the eager frame budget."""
+        limit = getattr(self.runner, "max_rows", None)
+        return (limit(frames) if limit else None) or self._eager_max_rows(frames)
 
     def _run_eager(self, codes: Tensor, slots: Tensor, n_new: Tensor) -> Tensor:
         assert self.pool is not None
@@ -255,7 +264,7 @@ class StreamEngine:
             st.history = [keep]
         out: list[Tensor] = [fr[:0] for _, fr in rows]
         lengths = {j: s.shape[0] for j, s in enumerate(seqs)}
-        for group in _groups(list(lengths), lengths, self.max_batch_frames):
+        for group in _groups(list(lengths), lengths, self._eager_max_rows):
             L = max(lengths[j] for j in group)
             codes = torch.zeros(len(group), self.cfg.num_quantizers, L, dtype=torch.long)
             for k, j in enumerate(group):
@@ -290,12 +299,12 @@ class StreamEngine:
             self._ended.popitem(last=False)
 
 
-def _groups(rows: list[int], take: dict[int, int], budget: int) -> list[list[int]]:
-    """Split rows (in order) so that len(group) * max(frames in group) <= budget."""
+def _groups(rows: list[int], take: dict[int, int], max_rows: Callable[[int], int]) -> list[list[int]]:
+    """Split rows (in order) so that each group holds at most ``max_rows(its largest chunk)``."""
     groups: list[list[int]] = []
     cur: list[int] = []
     for i in rows:
-        if cur and (len(cur) + 1) * max(take[i], *(take[j] for j in cur)) > budget:
+        if cur and len(cur) + 1 > max_rows(max(take[i], *(take[j] for j in cur))):
             groups.append(cur)
             cur = []
         cur.append(i)

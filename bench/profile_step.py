@@ -1,0 +1,58 @@
+"""Where a batched step's time goes on the GPU: timings of eager vs graph replay for a few
+(batch, frames) shapes and the top kernels of one large step (torch.profiler)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+from code2wav.engine.graphs import GraphRunner
+from code2wav.model.config import DecoderConfig
+from code2wav.model.init import random_decoder
+from code2wav.stream.engine import StreamEngine
+
+
+def main() -> int:
+    dtype = getattr(torch, sys.argv[1] if len(sys.argv) > 1 else "bfloat16")
+    m = random_decoder(DecoderConfig())
+    m.fold_codebooks(dtype)
+    m = m.to("cuda", dtype).eval().requires_grad_(False)
+    eng = StreamEngine(m, max_streams=64, max_batch_frames=512)
+    runner = GraphRunner(m, eng.pool, max_batch_frames=512)
+    runner.capture()
+    g = torch.Generator().manual_seed(0)
+    shapes = [(1, 1), (16, 1), (64, 1), (1, 25), (4, 25), (16, 25), (64, 8)]
+    print(f"{'B':>4}{'T':>4}{'eager ms':>10}{'graph ms':>10}{'frames/s graph':>16}{'x RT':>8}")
+    for b, t in shapes:
+        codes = torch.randint(0, 2048, (b, 16, t), generator=g)
+        slots = torch.arange(b)
+        n_new = torch.full((b,), t)
+        res = {}
+        for name, fn in (("eager", eng._run_eager), ("graph", runner)):
+            for _ in range(3):
+                fn(codes, slots, n_new)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            reps = 20
+            for _ in range(reps):
+                fn(codes, slots, n_new)
+            torch.cuda.synchronize()
+            res[name] = (time.perf_counter() - t0) / reps * 1e3
+        fps = b * t / res["graph"] * 1e3
+        print(f"{b:>4}{t:>4}{res['eager']:>10.2f}{res['graph']:>10.2f}{fps:>16.0f}{fps / 12.5:>8.0f}", flush=True)
+    codes = torch.randint(0, 2048, (16, 16, 25), generator=g)
+    slots, n_new = torch.arange(16), torch.full((16,), 25)
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            eng._run_eager(codes, slots, n_new)
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=22, max_name_column_width=70))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
