@@ -16,10 +16,12 @@ python3 bench/gpu_check.py 2>&1 | tee "$OUT/gpu_check.txt"
 if [ "${1:-}" = quick ]; then
   python3 -m code2wav.bench --levels 1,16,64 --modes exact-graph,exact-eager,windowed --frames 51 --out "$OUT" 2>&1 | tee "$OUT/bench.txt"
 else
+  python3 bench/profile_step.py bfloat16 2>&1 | tee "$OUT/profile.txt"
   python3 bench/offline.py --device cuda --dtypes float32,bfloat16 --batches 1,16,64 --frames 125 --json "$OUT/offline.json" 2>&1 | tee "$OUT/offline.txt"
   python3 -m code2wav.bench --levels 1,4,16,64,256 --frames 101 --prefix 0,72 --out "$OUT" 2>&1 | tee "$OUT/bench.txt"
 fi
 echo "=== summary ==="
 grep -E "^(PASS|FAIL|SUMMARY|INFO)" "$OUT/gpu_check.txt"
 [ -f "$OUT/offline.txt" ] && tail -n 7 "$OUT/offline.txt"
-tail -n 25 "$OUT/bench.txt"
+grep -A9 "eager ms" "$OUT/profile.txt" 2>/dev/null | head -9
+tail -n 45 "$OUT/bench.txt"

@@ -56,6 +56,10 @@ def main() -> int:
     from tests.official import official_decoder, reference_config
 
     weights = random_decoder(DecoderConfig()).state_dict()
+    if args.device.startswith("cuda"):
+        from code2wav.model.loading import configure_cuda
+
+        configure_cuda(getattr(torch, args.dtypes.split(",")[0]))
     rows = []
     for dname in args.dtypes.split(","):
         dtype = getattr(torch, dname)

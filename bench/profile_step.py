@@ -11,6 +11,7 @@ import torch
 from code2wav.engine.graphs import GraphRunner
 from code2wav.model.config import DecoderConfig
 from code2wav.model.init import random_decoder
+from code2wav.model.loading import configure_cuda
 from code2wav.stream.engine import StreamEngine
 
 
@@ -19,6 +20,7 @@ def main() -> int:
     m = random_decoder(DecoderConfig())
     m.fold_codebooks(dtype)
     m = m.to("cuda", dtype).eval().requires_grad_(False)
+    configure_cuda(dtype)
     eng = StreamEngine(m, max_streams=64, max_batch_frames=512)
     runner = GraphRunner(m, eng.pool, max_batch_frames=512)
     runner.capture()

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from code2wav.kernels.mono_conv import mono_conv
-from code2wav.kernels.snake import snake_beta
+from code2wav.kernels.snake import residual_add, snake_beta
 from code2wav.model.streaming import Step, StreamingLayer
 
 
@@ -29,14 +29,15 @@ class CausalConv1d(StreamingLayer):
             return {}
         return {self.state_key: (self.conv.in_channels, self.history)}
 
-    def forward(self, x: Tensor, step: Step | None = None) -> Tensor:
-        if not self.history:
-            return self.conv(x)
-        xx = torch.cat([self._read_history(x, step, self.state_key), x], dim=-1)
-        self._write_history(xx, step, self.state_key)
-        if self.conv.out_channels == 1:  # the output conv: cuDNN is slow for one channel
-            return mono_conv(xx, self.conv.weight, self.conv.bias, self.conv.dilation[0])
-        return self.conv(xx)
+    def forward(self, x: Tensor, step: Step | None = None, add_bias: bool = True) -> Tensor:
+        """``add_bias=False`` leaves the bias to the caller's next fused op (one pass fewer)."""
+        bias = self.conv.bias if add_bias else None
+        if self.history:
+            x = torch.cat([self._read_history(x, step, self.state_key), x], dim=-1)
+            self._write_history(x, step, self.state_key)
+        if self.conv.out_channels == 1 and add_bias:  # the output conv: cuDNN is slow for one channel
+            return mono_conv(x, self.conv.weight, bias, self.conv.dilation[0])
+        return F.conv1d(x, self.conv.weight, bias, dilation=self.conv.dilation, groups=self.conv.groups)
 
 
 class CausalConvTranspose1d(StreamingLayer):
@@ -62,12 +63,14 @@ class CausalConvTranspose1d(StreamingLayer):
 
     def forward(self, x: Tensor, step: Step | None = None) -> Tensor:
         n = x.shape[-1] * self.stride
-        if not self.history:
-            return self.conv(x)[..., :n]
-        xx = torch.cat([self._read_history(x, step, self.state_key), x], dim=-1)
-        self._write_history(xx, step, self.state_key)
-        # One copy here keeps every later elementwise op on contiguous memory.
-        return self.conv(xx)[..., self.stride : self.stride + n].contiguous()
+        start = 0
+        if self.history:
+            x = torch.cat([self._read_history(x, step, self.state_key), x], dim=-1)
+            self._write_history(x, step, self.state_key)
+            start = self.stride
+        y = F.conv_transpose1d(x, self.conv.weight, None, stride=self.stride)[..., start : start + n]
+        # Adding the bias to the trimmed view is also the copy that makes it contiguous.
+        return y + self.conv.bias[:, None]
 
 
 class SnakeBeta(nn.Module):
@@ -78,8 +81,9 @@ class SnakeBeta(nn.Module):
         self.alpha = nn.Parameter(torch.zeros(channels))
         self.beta = nn.Parameter(torch.zeros(channels))
 
-    def forward(self, x: Tensor) -> Tensor:
-        return snake_beta(x, self.alpha, self.beta)
+    def forward(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
+        """``bias``: the preceding conv's bias, added here in the same pass."""
+        return snake_beta(x, self.alpha, self.beta, bias)
 
 
 class ConvNeXtBlock(nn.Module):
@@ -110,7 +114,8 @@ class ResidualUnit(nn.Module):
         self.conv2 = CausalConv1d(dim, dim, 1, rate=rate)
 
     def forward(self, x: Tensor, step: Step | None = None) -> Tensor:
-        return x + self.conv2(self.act2(self.conv1(self.act1(x), step)), step)
+        h = self.act2(self.conv1(self.act1(x), step, add_bias=False), bias=self.conv1.conv.bias)
+        return residual_add(x, self.conv2(h, step, add_bias=False), self.conv2.conv.bias)
 
 
 class DecoderBlock(nn.Module):
