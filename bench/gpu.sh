@@ -11,8 +11,13 @@ export CODE2WAV_CACHE=/tmp/code2wav-cache
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
 git log -1 --format='commit %H %cd' 2>/dev/null || true
-python3 bench/gpu_check.py 2>&1 | tee "$OUT/gpu_check.txt"
+[ "${1:-}" = stream ] || python3 bench/gpu_check.py 2>&1 | tee "$OUT/gpu_check.txt"
 [ "${1:-}" = profile ] && { python3 bench/profile_step.py bfloat16 2>&1 | tee "$OUT/profile.txt"; exit 0; }
+if [ "${1:-}" = stream ]; then  # streaming bench, then the bf16 offline comparison
+  python3 -m code2wav.bench --levels 1,4,16,64,256 --frames 101 --out "$OUT" 2>&1 | tee "$OUT/bench.txt"
+  python3 bench/offline.py --device cuda --dtypes bfloat16 --batches 1,16,64 --frames 125 --repeat 2 2>&1 | tee "$OUT/offline.txt"
+  tail -n 30 "$OUT/bench.txt"; tail -n 4 "$OUT/offline.txt"; exit 0
+fi
 if [ "${1:-}" = quick ]; then
   python3 -m code2wav.bench --levels 1,16,64 --modes exact-graph,exact-eager,windowed --frames 51 --out "$OUT" 2>&1 | tee "$OUT/bench.txt"
 else
