@@ -53,7 +53,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    from tests.official import official_decoder, reference_config
+    from tests.official import Qwen3TTSTokenizerV2Decoder, Qwen3TTSTokenizerV2DecoderConfig, reference_config
 
     weights = random_decoder(DecoderConfig()).state_dict()
     if args.device.startswith("cuda"):
@@ -67,7 +67,7 @@ def main() -> int:
         ours.load_state_dict(weights)
         ours.fold_codebooks(dtype)  # folded from the fp32 weights, then cast once
         ours = ours.to(args.device, dtype).eval()
-        off = official_decoder(reference_config()["decoder_config"])
+        off = Qwen3TTSTokenizerV2Decoder._from_config(Qwen3TTSTokenizerV2DecoderConfig(**reference_config()["decoder_config"]))
         off.load_state_dict(weights, strict=True)  # the same weights
         off = off.to(args.device, dtype).eval()
         for b in [int(x) for x in args.batches.split(",")]:
