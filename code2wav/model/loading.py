@@ -47,7 +47,7 @@ def resolve_checkpoint(spec: str | os.PathLike[str] | None) -> Path:
         return default_checkpoint()
     p = Path(spec).expanduser()
     if p.exists():
-        for cand in (p, p / SUBFOLDER):
+        for cand in (p / SUBFOLDER, p):  # a full model's root holds the talker's config + weights
             if _is_tokenizer_dir(cand):
                 return cand
         raise CheckpointError(
@@ -64,23 +64,24 @@ def _download(repo_id: str) -> Path:
         from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
     except ImportError as e:  # pragma: no cover - huggingface_hub is a dependency
         raise CheckpointError(f"huggingface_hub is needed to fetch {repo_id}") from e
-    try:
-        for sub in (SUBFOLDER, None):
-            try:
-                cfg = hf_hub_download(repo_id, CONFIG_FILE, subfolder=sub)
-                hf_hub_download(repo_id, WEIGHTS_FILE, subfolder=sub)
-                return Path(cfg).parent
-            except LocalEntryNotFoundError:
-                raise  # offline and not cached: a subclass of EntryNotFoundError, not "absent"
-            except EntryNotFoundError:
-                continue
-    except CheckpointError:
-        raise
-    except Exception as e:  # offline, unknown repo, auth: all end the same way for the user
+    unreachable: Exception | None = None
+    for sub in (SUBFOLDER, None):  # a full model keeps the tokenizer under speech_tokenizer/
+        try:
+            cfg = hf_hub_download(repo_id, CONFIG_FILE, subfolder=sub)
+            hf_hub_download(repo_id, WEIGHTS_FILE, subfolder=sub)
+            return Path(cfg).parent
+        except LocalEntryNotFoundError as e:  # offline and not cached here: try the other place
+            unreachable = e
+        except EntryNotFoundError:  # the repo has no such file: try the other place
+            continue
+        except Exception as e:  # unknown repo, auth, network: all end the same way for the user
+            unreachable = e
+            break
+    if unreachable is not None:
         raise CheckpointError(
-            f"could not fetch {repo_id} from the Hugging Face hub ({type(e).__name__}); "
+            f"could not fetch {repo_id} from the Hugging Face hub ({type(unreachable).__name__}); "
             f"download it elsewhere and pass the local directory with --model PATH"
-        ) from e
+        ) from unreachable
     raise CheckpointError(f"{repo_id}: no {CONFIG_FILE}/{WEIGHTS_FILE} at the root or under {SUBFOLDER}/")
 
 
