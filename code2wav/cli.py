@@ -268,9 +268,20 @@ def _stream(model, codes: np.ndarray, prefix: np.ndarray | None, mode: str, size
     return torch.cat(pieces)
 
 
+# -- bench -------------------------------------------------------------------------------------------
+
+
+def _add_bench(sub) -> None:
+    from code2wav import bench
+
+    p = sub.add_parser("bench", help="streaming benchmark: exact (graphs/eager) vs windowed vs full", description=bench.__doc__)
+    bench.add_arguments(p)
+    p.set_defaults(func=bench.main)
+
+
 # -- entry point -------------------------------------------------------------------------------------
 
-SUBCOMMANDS: list[Callable] = [_add_decode]
+SUBCOMMANDS: list[Callable] = [_add_decode, _add_bench]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from pathlib import Path
 
 import torch
 
@@ -63,3 +64,10 @@ def one_thread():
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def write_checkpoint(path: Path, cfg: DecoderConfig = SMALL, seed: int = 0) -> Path:
+    """A random checkpoint in the official on-disk layout, as the loader reads it."""
+    from code2wav.model.loading import save_checkpoint
+
+    return save_checkpoint(random_decoder(cfg, seed=seed), path)

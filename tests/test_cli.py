@@ -13,14 +13,11 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
-from safetensors.torch import save_file
 
 from code2wav import offline
 from code2wav.cli import chunk_schedule, main
-from code2wav.model.config import DecoderConfig
-from code2wav.model.init import random_decoder
-from code2wav.model.loading import CONFIG_FILE, PREFIX, WEIGHTS_FILE, checkpoint_config, load_decoder
-from tests.models import SMALL, one_thread, random_codes
+from code2wav.model.loading import CONFIG_FILE, WEIGHTS_FILE, load_decoder
+from tests.models import one_thread, random_codes, write_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "code2wav" / "assets" / "example_codes.npy"
@@ -34,15 +31,6 @@ def _threads(request):
         return
     with one_thread():
         yield
-
-
-def write_checkpoint(path: Path, cfg: DecoderConfig = SMALL, seed: int = 0) -> Path:
-    """A random checkpoint in the official on-disk layout (what loading.default_checkpoint writes)."""
-    path.mkdir(parents=True, exist_ok=True)
-    model = random_decoder(cfg, seed=seed)
-    save_file({PREFIX + k: v.contiguous() for k, v in model.state_dict().items()}, str(path / WEIGHTS_FILE))
-    (path / CONFIG_FILE).write_text(json.dumps(checkpoint_config(cfg), indent=2))
-    return path
 
 
 @pytest.fixture(scope="module")

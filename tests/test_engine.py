@@ -156,3 +156,27 @@ def test_rows_grouped_under_the_frame_budget():
     assert [i for g in groups for i in g] == [0, 1, 2, 3, 4]  # order kept, nothing dropped
     assert all(len(g) * max(take[i] for i in g) <= 50 for g in groups)
     assert _groups([0], {0: 64}, budget) == [[0]]  # a single row always runs
+
+
+def test_bench_command_reports_every_mode_and_level(tmp_path, capsys):
+    """``code2wav bench`` on CPU: every eager mode at every level and prefix, all audio accounted
+    for (streams x frames x 1920 samples), results written as JSON and printed as a table."""
+    import json
+
+    from code2wav.cli import main
+    from tests.models import write_checkpoint
+
+    ckpt = write_checkpoint(tmp_path / "tok")
+    out = tmp_path / "out"
+    args = ["bench", "--model", str(ckpt), "--device", "cpu", "--dtype", "float64", "--levels", "1,3", "--frames", "5",
+            "--chunks", "1,2", "--prefix", "0,3", "--modes", "exact-eager,windowed,full", "--stagger-ms", "0", "--out", str(out)]
+    assert main(args) == 0
+    rows = json.loads((out / "results.json").read_text())["results"]
+    assert {(r["mode"], r["concurrency"], r["prefix_frames"]) for r in rows} == {
+        (m, c, p) for m in ("exact-eager", "windowed", "full") for c in (1, 3) for p in (0, 3)
+    }
+    for r in rows:
+        assert r["audio_s"] == pytest.approx(r["concurrency"] * 5 * SPF / 24000)
+        assert r["throughput_x"] > 0 and r["ttfp_p50_ms"] <= r["ttfp_p99_ms"]
+        assert (r["mem_state_pool_mb"] > 0) == (r["mode"] == "exact-eager")
+    assert "exact-eager" in capsys.readouterr().out

@@ -160,7 +160,6 @@ def configure_cuda(dtype: torch.dtype) -> None:
 def default_checkpoint(seed: int = DEFAULT_SEED, quiet: bool = False) -> Path:
     """The embedded default: random weights of the released architecture, written once."""
     from code2wav.model.init import random_decoder
-    from safetensors.torch import save_file
 
     target = cache_dir() / f"random-seed{seed}"
     if not quiet:
@@ -171,12 +170,7 @@ def default_checkpoint(seed: int = DEFAULT_SEED, quiet: bool = False) -> Path:
         )
     if _is_tokenizer_dir(target):
         return target
-    cfg = DecoderConfig()
-    model = random_decoder(cfg, seed=seed)
-    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-    tmp.mkdir(parents=True, exist_ok=True)
-    save_file({PREFIX + k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp / WEIGHTS_FILE))
-    (tmp / CONFIG_FILE).write_text(json.dumps(checkpoint_config(cfg), indent=2))
+    tmp = save_checkpoint(random_decoder(DecoderConfig(), seed=seed), target.with_name(target.name + f".tmp{os.getpid()}"))
     try:
         tmp.rename(target)
     except OSError:  # another process won the race; use theirs
@@ -184,6 +178,16 @@ def default_checkpoint(seed: int = DEFAULT_SEED, quiet: bool = False) -> Path:
 
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def save_checkpoint(model: Decoder, path: Path) -> Path:
+    """Write ``model`` in the official tokenizer layout (``config.json`` + ``decoder.*`` safetensors)."""
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    save_file({PREFIX + k: v.contiguous() for k, v in model.state_dict().items()}, str(path / WEIGHTS_FILE))
+    (path / CONFIG_FILE).write_text(json.dumps(checkpoint_config(model.config), indent=2))
+    return path
 
 
 def checkpoint_config(cfg: DecoderConfig) -> dict:
