@@ -112,6 +112,11 @@ class GraphRunner:
         self.hits += 1
         return g.out[:B, : T * self.model.config.samples_per_frame]
 
+    @property
+    def max_frames(self) -> int | None:
+        """The largest captured frames bucket: the engine cuts longer chunks into pieces of this."""
+        return max((t for _, t in self.graphs), default=None)
+
     def max_rows(self, frames: int) -> int | None:
         """Most rows a captured graph holds at ``frames`` frames (None: no bucket fits)."""
         rows = [b for b, t in self.graphs if t >= frames]

@@ -206,7 +206,8 @@ class StreamEngine:
             active = [i for i, (_, fr) in enumerate(rows) if done[i] < fr.shape[0]]
             if not active:
                 break
-            take = {i: min(rows[i][1].shape[0] - done[i], self.max_step_frames) for i in active}
+            piece = min(self.max_step_frames, getattr(self.runner, "max_frames", None) or self.max_step_frames)
+            take = {i: min(rows[i][1].shape[0] - done[i], piece) for i in active}
             for group in _groups(active, take, self._max_rows):
                 n = [take[i] for i in group]
                 codes = torch.zeros(len(group), self.cfg.num_quantizers, max(n), dtype=torch.long)
