@@ -180,3 +180,29 @@ def test_bench_command_reports_every_mode_and_level(tmp_path, capsys):
         assert r["throughput_x"] > 0 and r["ttfp_p50_ms"] <= r["ttfp_p99_ms"]
         assert (r["mem_state_pool_mb"] > 0) == (r["mode"] == "exact-eager")
     assert "exact-eager" in capsys.readouterr().out
+
+
+def test_engine_never_exceeds_the_runners_buckets(m, codes):
+    """With a graph-like runner (largest bucket 4 frames, at most 2 rows), a step over 5 streams
+    with 11-frame chunks is cut into pieces every call of which the runner holds, and stays exact."""
+    core = StreamEngine(m, max_streams=5)
+    shapes = []
+
+    class Runner:
+        max_frames = 4
+
+        def max_rows(self, frames):
+            return 2
+
+        def __call__(self, c, slots, n_new):
+            shapes.append(tuple(c.shape))
+            return core._run_eager(c, slots, n_new)
+
+    core.runner = Runner()
+    for i in range(5):
+        core.open(f"s{i}", codes[: 3 * i])
+    out = core.step({f"s{i}": codes[3 * i : 3 * i + 11] for i in range(5)})
+    assert shapes and all(b <= 2 and t <= 4 for b, _, t in shapes)
+    ref = forward_audio(m, codes[:23])
+    for i in range(5):
+        assert (out[f"s{i}"] - ref[3 * i * SPF : (3 * i + 11) * SPF]).abs().max() <= 1e-9
