@@ -279,9 +279,81 @@ def _add_bench(sub) -> None:
     p.set_defaults(func=bench.main)
 
 
+# -- serve -------------------------------------------------------------------------------------------
+
+
+def _add_serve(sub) -> None:
+    import os
+
+    p = sub.add_parser(
+        "serve",
+        help="run the HTTP + WebSocket service",
+        description=(
+            "Serve POST /v1/decode, WebSocket /v1/stream, GET /health and GET /metrics (see docs/protocol.md). "
+            "Needs the serve extra: pip install 'code2wav[serve]'."
+        ),
+    )
+    p.add_argument("--model", metavar="PATH", default=None, help="tokenizer dir, full Qwen3-TTS model dir, or hub id (default: embedded random weights)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8091, help="port (default 8091)")
+    p.add_argument("--max-streams", type=int, default=64, help="concurrent streams (state-pool slots; default 64)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    p.add_argument("--dtype", choices=DTYPES, default="float32", help="compute dtype (default float32)")
+    p.add_argument("--api-key", default=os.environ.get("CODE2WAV_API_KEY"), help="require 'Authorization: Bearer KEY' on every endpoint but /health (default: $CODE2WAV_API_KEY)")
+    p.add_argument("--idle-timeout", type=float, default=30.0, help="close a WebSocket stream idle this many seconds (default 30; 0: never)")
+    p.add_argument("--max-message-bytes", type=int, default=1 << 20, help="largest WebSocket message (default 1 MiB)")
+    p.add_argument("--max-stream-frames", type=int, default=45_000, help="most frames one stream or request may decode (default 45000 = 1 hour)")
+    p.add_argument("--max-body-bytes", type=int, default=16 << 20, help="largest POST /v1/decode body (default 16 MiB)")
+    p.add_argument("--no-graphs", action="store_true", help="on CUDA, run steps eagerly instead of replaying CUDA graphs")
+    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    p.set_defaults(func=_run_serve)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    try:  # lazily: the GPU benchmark machine has no web stack
+        import uvicorn
+
+        from code2wav.server.app import Limits, create_app
+    except ImportError as e:
+        raise CliError(f"serve needs the web stack ({e.name or e} is missing): pip install 'code2wav[serve]'") from None
+    import torch
+
+    from code2wav.engine.async_engine import AsyncEngine
+    from code2wav.model.loading import load_decoder
+    from code2wav.stream.engine import StreamEngine
+
+    for name in ("max_streams", "port", "max_message_bytes", "max_stream_frames", "max_body_bytes"):
+        if getattr(args, name) <= 0:
+            raise CliError(f"--{name.replace('_', '-')} must be positive")
+    if args.idle_timeout < 0:
+        raise CliError("--idle-timeout must be >= 0")
+    device = parse_device(args.device)
+    model = load_decoder(args.model, device=device, dtype=getattr(torch, args.dtype))
+    use_graphs = device.type == "cuda" and not args.no_graphs
+    core = StreamEngine(model, max_streams=args.max_streams, max_step_frames=32 if use_graphs else 64, max_batch_frames=512 if use_graphs else 1024)
+    if use_graphs:
+        from code2wav.engine.graphs import GraphRunner
+
+        runner = GraphRunner(model, core.pool, max_batch_frames=core.max_batch_frames)
+        runner.capture()
+        core.runner = runner
+    limits = Limits(
+        max_message_bytes=args.max_message_bytes,
+        max_stream_frames=args.max_stream_frames,
+        max_body_bytes=args.max_body_bytes,
+        idle_timeout=args.idle_timeout or None,
+    )
+    app = create_app(AsyncEngine(core), api_key=args.api_key or None, limits=limits)
+    print(f"{PROG}: serving on http://{args.host}:{args.port} ({args.max_streams} streams, {args.dtype} on {device}"
+          f"{', auth on' if args.api_key else ''})", file=sys.stderr, flush=True)
+    # The transport drops messages far over the limit itself (close 1009, no JSON error).
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, ws_max_size=4 * args.max_message_bytes + (64 << 10))
+    return 0
+
+
 # -- entry point -------------------------------------------------------------------------------------
 
-SUBCOMMANDS: list[Callable] = [_add_decode, _add_bench]
+SUBCOMMANDS: list[Callable] = [_add_decode, _add_bench, _add_serve]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,6 +12,8 @@ from code2wav.model.streaming import Step
 class PoolFull(RuntimeError):
     """Every slot is taken; the caller must retry later (never an eviction, never an OOM)."""
 
+    code = "pool_full"
+
 
 class StatePool:
     """``max_streams`` fixed-size slots of decoder state on one device.

@@ -1,0 +1,58 @@
+"""Audio encodings the service returns. Quantization to 16 bits is done here, once, so raw
+``pcm_s16le`` and the samples inside ``wav``/``flac`` are the same integers."""
+
+from __future__ import annotations
+
+import io
+import struct
+
+import numpy as np
+import torch
+from torch import Tensor
+
+RAW_FORMATS = ("pcm_s16le", "f32le")
+FILE_FORMATS = ("wav", "flac", "pcm")  # "pcm" is raw pcm_s16le
+HTTP_FORMATS = FILE_FORMATS + ("f32le",)
+MEDIA_TYPES = {"wav": "audio/wav", "flac": "audio/flac", "pcm": "audio/L16", "pcm_s16le": "audio/L16", "f32le": "application/octet-stream"}
+
+
+def to_int16(wav: Tensor) -> np.ndarray:
+    x = wav.detach().float().cpu().numpy()
+    return np.rint(np.clip(x, -1.0, 1.0) * 32767.0).astype("<i2")
+
+
+def to_f32(wav: Tensor) -> np.ndarray:
+    return wav.detach().float().cpu().numpy().astype("<f4", copy=False)
+
+
+def raw_bytes(wav: Tensor, fmt: str) -> bytes:
+    """``pcm_s16le``/``pcm``: int16 little-endian; ``f32le``: float32 little-endian."""
+    if fmt in ("pcm_s16le", "pcm"):
+        return to_int16(wav).tobytes()
+    if fmt == "f32le":
+        return to_f32(wav).tobytes()
+    raise ValueError(f"not a raw format: {fmt}")
+
+
+def wav_header(num_samples: int, sample_rate: int) -> bytes:
+    """A 44-byte RIFF header for mono 16-bit PCM of a known length (lets a WAV stream)."""
+    data = num_samples * 2
+    return b"RIFF" + struct.pack("<I", 36 + data) + b"WAVE" + b"fmt " + struct.pack(
+        "<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16
+    ) + b"data" + struct.pack("<I", data)
+
+
+def encode_file(wav: Tensor, fmt: str, sample_rate: int) -> bytes:
+    if fmt == "wav":
+        return wav_header(wav.numel(), sample_rate) + to_int16(wav).tobytes()
+    if fmt == "flac":
+        import soundfile as sf
+
+        buf = io.BytesIO()
+        sf.write(buf, to_int16(wav), sample_rate, subtype="PCM_16", format="FLAC")
+        return buf.getvalue()
+    return raw_bytes(wav, fmt)
+
+
+def concat(pieces: list[Tensor]) -> Tensor:
+    return torch.cat(pieces) if pieces else torch.zeros(0)

@@ -1,0 +1,419 @@
+"""``code2wav serve`` end to end: a real server process on 127.0.0.1 with a shrunk random
+checkpoint, driven through ``code2wav.client`` (and raw messages for the error paths)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+pytest.importorskip("websockets")
+pytest.importorskip("httpx")
+pytest.importorskip("prometheus_client")
+
+import httpx  # noqa: E402
+import soundfile as sf  # noqa: E402
+import torch  # noqa: E402
+
+from code2wav import offline  # noqa: E402
+from code2wav.client import AsyncClient, Client, ServerError, frames_bytes  # noqa: E402
+from code2wav.model.loading import load_decoder  # noqa: E402
+from code2wav.server.audio import to_int16  # noqa: E402
+from code2wav.stream.engine import StreamEngine  # noqa: E402
+from tests.models import one_thread, random_codes  # noqa: E402
+from tests.test_cli import write_checkpoint  # noqa: E402
+
+SPF, SR = 1920, 24000
+KEY = "s3cret"
+MAIN_MAX_MESSAGE = 200_000
+MAIN_MAX_FRAMES = 2_000
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, ckpt: Path, log: Path, *extra: str):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE", MKL_NUM_THREADS="1")
+        env.pop("CODE2WAV_API_KEY", None)
+        self.log = log
+        self._logf = open(log, "wb")
+        cmd = [sys.executable, "-m", "code2wav.cli", "serve", "--model", str(ckpt), "--port", str(self.port), "--dtype", "float32", "--log-level", "warning", *extra]
+        self.proc = subprocess.Popen(cmd, stdout=self._logf, stderr=subprocess.STDOUT, env=env)
+
+    def wait_ready(self, timeout: float = 90) -> None:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log.read_text()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"server not ready after {timeout} s:\n{self.log.read_text()}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._logf.close()
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    return write_checkpoint(tmp_path_factory.mktemp("serve") / "tokenizer")
+
+
+@pytest.fixture(scope="module")
+def servers(ckpt, tmp_path_factory):
+    """Both servers start together (their startup is mostly importing torch)."""
+    d = tmp_path_factory.mktemp("logs")
+    main = Server(
+        ckpt, d / "main.log", "--max-streams", "24", "--max-message-bytes", str(MAIN_MAX_MESSAGE), "--max-stream-frames", str(MAIN_MAX_FRAMES)
+    )
+    limited = Server(ckpt, d / "limited.log", "--max-streams", "2", "--api-key", KEY, "--idle-timeout", "1")
+    try:
+        main.wait_ready()
+        limited.wait_ready()
+        yield main, limited
+    finally:
+        main.stop()
+        limited.stop()
+
+
+@pytest.fixture(scope="module")
+def server(servers) -> Server:
+    return servers[0]
+
+
+@pytest.fixture(scope="module")
+def limited(servers) -> Server:
+    return servers[1]
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with Client(server.url) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def model32(ckpt):
+    return load_decoder(ckpt, dtype=torch.float32)
+
+
+def codes_of(frames: int, seed: int = 1) -> np.ndarray:
+    return random_codes(frames, seed=seed).numpy()
+
+
+def reference(model, codes: np.ndarray, prefix: np.ndarray | None, schedule) -> np.ndarray:
+    """In-process float32 streaming decode, one thread (as the server runs)."""
+    with one_thread():
+        eng = StreamEngine(model, max_streams=1)
+        eng.open("ref", prefix)
+        out, done, i = [], 0, 0
+        while done < len(codes):
+            n = schedule[min(i, len(schedule) - 1)]
+            out.append(eng.push("ref", codes[done : done + n]))
+            done, i = done + n, i + 1
+        eng.finish("ref")
+    return torch.cat(out).numpy().astype("<f4")
+
+
+def offline_ref(model, codes: np.ndarray, prefix: np.ndarray | None) -> np.ndarray:
+    full = codes if prefix is None else np.concatenate([prefix, codes])
+    with one_thread():
+        wav = offline.decode(model, torch.from_numpy(full))[0].numpy()
+    return wav[(0 if prefix is None else len(prefix)) * SPF :]
+
+
+def metric(text: str, name: str) -> float:
+    m = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.M)
+    assert m, f"{name} not in metrics"
+    return float(m.group(1))
+
+
+def wait_slots_free(c: Client, timeout: float = 10) -> None:
+    t0 = time.monotonic()
+    while True:
+        text = c.metrics()
+        if metric(text, "code2wav_pool_slots_in_use") == 0 and metric(text, "code2wav_active_streams") == 0:
+            return
+        assert time.monotonic() - t0 < timeout, "stream slots not freed:\n" + text
+        time.sleep(0.05)
+
+
+# -- round trips ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("schedule", [(1, 4, 8, 25), (7,)], ids=["1-4-8-25", "7"])
+@pytest.mark.parametrize("prefix_frames", [0, 20])
+def test_ws_round_trip_is_exact(client, model32, schedule, prefix_frames):
+    codes = codes_of(45, seed=3)
+    prefix = codes_of(prefix_frames, seed=4) if prefix_frames else None
+    audio, done = client.stream_decode(codes, chunks=schedule, prefix=prefix, format="f32le", binary=schedule != (7,))
+    ref = reference(model32, codes, prefix, schedule)
+    assert audio.tobytes() == ref.tobytes()  # bit-identical float32
+    off = offline_ref(model32, codes, prefix)
+    assert np.abs(audio - off).max() <= 1e-4 * np.abs(off).max()  # and equal to the offline decode
+    assert done["frames"] == 45 and done["samples"] == 45 * SPF
+    assert set(done["timings"]) >= {"open_ms", "ttfp_ms", "total_ms"}
+
+
+def test_ws_pcm_and_async_pipelined(server, model32):
+    codes, prefix = codes_of(40, seed=5), codes_of(10, seed=6)
+
+    async def go():
+        async with AsyncClient(server.url) as c:
+            return await c.stream_decode(codes, chunks=(3, 9), prefix=prefix, format="pcm_s16le")
+
+    audio, done = asyncio.run(go())
+    assert audio.dtype == np.dtype("<i2") and done["samples"] == 40 * SPF
+    np.testing.assert_array_equal(audio, to_int16(torch.from_numpy(reference(model32, codes, prefix, (3, 9)))))
+
+
+def test_http_decode_formats(client, model32):
+    codes, prefix = codes_of(60, seed=7), codes_of(12, seed=8)
+    ref = reference(model32, codes, prefix, (25,))  # the server feeds 25-frame chunks
+    f32 = np.frombuffer(client.decode(codes, prefix=prefix, format="f32le"), "<f4")
+    assert f32.tobytes() == ref.tobytes()
+    pcm = np.frombuffer(client.decode(codes, prefix=prefix, format="pcm"), "<i2")
+    np.testing.assert_array_equal(pcm, to_int16(torch.from_numpy(ref)))
+    for fmt in ("wav", "flac"):
+        data, sr = sf.read(io.BytesIO(client.decode(codes, prefix=prefix, format=fmt)), dtype="int16")
+        assert sr == SR
+        np.testing.assert_array_equal(data, pcm)
+    npy = np.frombuffer(client.decode(codes, prefix=prefix, format="f32le", npy=True), "<f4")
+    assert npy.tobytes() == ref.tobytes()
+    streamed = b"".join(client.decode_stream(codes, prefix=prefix, format="pcm"))
+    assert streamed == pcm.tobytes()
+    wav_stream = b"".join(client.decode_stream(codes, prefix=prefix, format="wav"))
+    np.testing.assert_array_equal(sf.read(io.BytesIO(wav_stream), dtype="int16")[0], pcm)
+    # official -1 padding at the end of an .npy is dropped
+    padded = np.concatenate([codes, np.full((3, 16), -1)])
+    assert client.decode(padded, format="f32le", npy=True) == client.decode(codes, format="f32le", npy=True)
+
+
+# -- errors ----------------------------------------------------------------------------------------------
+
+BAD_AFTER_OPEN = {
+    "malformed_json": ("{not json", "bad_json", 1003),
+    "json_not_object": ("[1, 2]", "bad_message", 1003),
+    "float_codes": (json.dumps({"op": "push", "frames": [[0.5] * 16]}), "bad_dtype", 1003),
+    "json_wrong_shape": (json.dumps({"op": "push", "frames": [[1] * 15]}), "bad_shape", 1003),
+    "binary_wrong_length": (b"\x00" * 30, "bad_shape", 1003),
+    "json_out_of_range": (json.dumps({"op": "push", "frames": [[2048] * 16]}), "out_of_range", 1003),
+    "binary_negative": (frames_bytes(np.full((2, 16), -1)), "out_of_range", 1003),
+    "empty_binary": (b"", "empty", 1003),
+    "unknown_op": (json.dumps({"op": "fly"}), "unknown_op", 1003),
+    "second_open": (json.dumps({"op": "open"}), "already_open", 1008),
+    "oversize": (b"\x00" * (MAIN_MAX_MESSAGE + 32), "message_too_big", 1009),
+    "too_many_frames": (frames_bytes(np.zeros((MAIN_MAX_FRAMES + 1, 16), np.int16)), "too_many_frames", 1009),
+}
+
+
+def _expect_error(fn, code: str, close: int) -> ServerError:
+    with pytest.raises(ServerError) as ei:
+        fn()
+    assert (ei.value.code, ei.value.close_code) == (code, close), ei.value
+    return ei.value
+
+
+@pytest.mark.parametrize("case", list(BAD_AFTER_OPEN))
+def test_ws_errors_after_open(client, case):
+    msg, code, close = BAD_AFTER_OPEN[case]
+    codes = codes_of(10, seed=9)
+    with client.stream(format="f32le") as healthy:  # a concurrent stream that must not notice
+        healthy.push(codes[:4])
+        first = healthy.recv_audio()
+        with client.stream() as bad:
+            bad.push(codes[:2])
+            bad.recv_audio()
+            bad.send_raw(msg)
+            _expect_error(bad.recv, code, close)
+        healthy.push(codes[4:])
+        rest = healthy.recv_audio()
+        tail, done = healthy.end()
+    assert len(first) + len(rest) + len(tail) == 10 * SPF and done["frames"] == 10
+    wait_slots_free(client)
+
+
+BAD_OPEN = {
+    "binary_first": (b"\x00" * 32, "not_open", 1008),
+    "push_first": (json.dumps({"op": "push", "frames": [[0] * 16]}), "not_open", 1008),
+    "malformed_json": ("nope", "bad_json", 1003),
+    "unknown_op": (json.dumps({"op": "hello"}), "unknown_op", 1003),
+    "bad_format": (json.dumps({"op": "open", "format": "mp3"}), "bad_format", 1003),
+    "bad_request_id": (json.dumps({"op": "open", "request_id": 7}), "bad_request_id", 1003),
+    "prefix_out_of_range": (json.dumps({"op": "open", "prefix": [[5000] * 16]}), "out_of_range", 1003),
+    "prefix_wrong_shape": (json.dumps({"op": "open", "prefix": [[1, 2]]}), "bad_shape", 1003),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_OPEN))
+def test_ws_errors_at_open(server, client, case):
+    from websockets.sync.client import connect
+
+    msg, code, close = BAD_OPEN[case]
+    with connect(server.url.replace("http", "ws") + "/v1/stream") as ws:
+        ws.send(msg)
+        err = json.loads(ws.recv(timeout=10))
+        assert (err["type"], err["code"]) == ("error", code) and err["message"]
+        with pytest.raises(Exception) as ei:
+            ws.recv(timeout=10)
+        assert ei.value.rcvd.code == close
+    wait_slots_free(client)
+
+
+def test_ws_duplicate_request_id(client):
+    with client.stream(request_id="dup") as first:
+        _expect_error(lambda: client.stream(request_id="dup").__enter__(), "duplicate_request_id", 1008)
+        first.push(codes_of(3))
+        assert len(first.recv_audio()) == 3 * SPF
+        first.end()
+    with client.stream(request_id="dup") as again:  # the id is free once its stream ended
+        again.end()
+    wait_slots_free(client)
+
+
+def test_http_errors(client, server):
+    post = client.http.post
+    cases = [
+        (post("/v1/decode", content=b"{x", headers={"content-type": "application/json"}), 400, "bad_json"),
+        (post("/v1/decode", json={"codes": [[4096] * 16]}), 400, "out_of_range"),
+        (post("/v1/decode", json={"codes": [[1] * 15]}), 400, "bad_shape"),
+        (post("/v1/decode", json={"codes": [[0.5] * 16]}), 400, "bad_dtype"),
+        (post("/v1/decode", json={"codes": [[1] * 16], "format": "mp3"}), 400, "bad_format"),
+        (post("/v1/decode", json={"codes": [[1] * 16], "format": "flac", "stream": True}), 400, "bad_format"),
+        (post("/v1/decode", content=b"garbage", headers={"content-type": "application/octet-stream"}), 400, "bad_npy"),
+        (post("/v1/decode", content=b"x", headers={"content-type": "text/plain"}), 415, "unsupported_media_type"),
+        (post("/v1/decode", json={"codes": np.zeros((MAIN_MAX_FRAMES + 1, 16), int).tolist()}), 413, "too_many_frames"),
+    ]
+    for r, status, code in cases:
+        assert r.status_code == status, (code, r.text)
+        assert r.json()["type"] == "error" and r.json()["code"] == code
+    assert len(client.decode(codes_of(2), format="pcm")) == 2 * SPF * 2  # still serving
+    text = client.metrics()
+    assert 'code2wav_errors_total{code="bad_json"}' in text
+    wait_slots_free(client)
+
+
+# -- the limited server: auth, pool full, idle timeout ------------------------------------------------------
+
+
+def test_auth(limited):
+    assert httpx.get(limited.url + "/health").status_code == 200  # no token needed
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+        r = httpx.get(limited.url + "/metrics", headers=headers)
+        assert r.status_code == 401 and r.json()["code"] == "unauthorized"
+        r = httpx.post(limited.url + "/v1/decode", json={"codes": [[1] * 16]}, headers=headers)
+        assert r.status_code == 401 and r.json()["code"] == "unauthorized"
+    with Client(limited.url, api_key=KEY) as good:
+        with good.stream() as held:  # a concurrent, authorized stream keeps working
+            for key in (None, "wrong"):
+                with Client(limited.url, api_key=key) as bad:
+                    _expect_error(lambda: bad.stream().__enter__(), "unauthorized", 1008)
+            held.push(codes_of(2))
+            assert len(held.recv_audio()) == 2 * SPF
+            held.end()
+        assert len(good.decode(codes_of(2), format="pcm")) == 2 * SPF * 2
+        wait_slots_free(good)
+
+
+def test_pool_full(limited):
+    with Client(limited.url, api_key=KEY) as c:
+        with c.stream() as a, c.stream() as b:
+            _expect_error(lambda: c.stream().__enter__(), "pool_full", 1013)
+            r = c.http.post("/v1/decode", json={"codes": [[1] * 16]})
+            assert r.status_code == 503 and r.json()["code"] == "pool_full" and r.headers["retry-after"]
+            for s in (a, b):
+                s.push(codes_of(2))
+                assert len(s.recv_audio()) == 2 * SPF
+        wait_slots_free(c)
+        with c.stream() as again:  # slots are reusable
+            again.end()
+        assert 'code2wav_errors_total{code="pool_full"} 2.0' in c.metrics()
+
+
+def test_idle_timeout(limited):
+    with Client(limited.url, api_key=KEY) as c:
+        with c.stream() as s:
+            s.push(codes_of(2))
+            s.recv_audio()
+            time.sleep(1.5)
+            _expect_error(s.recv, "idle_timeout", 1008)
+        wait_slots_free(c)
+
+
+# -- disconnects and load --------------------------------------------------------------------------------
+
+
+def test_disconnect_mid_stream_frees_the_slot(client):
+    codes = codes_of(100, seed=11)
+    for in_flight in (False, True):
+        s = client.stream().__enter__()
+        s.push(codes[:4])
+        s.recv_audio()
+        if in_flight:  # chunks still queued or decoding when the client vanishes
+            for k in range(4):
+                s.push(codes[4 + 20 * k : 24 + 20 * k])
+        s.ws.socket.close() if in_flight else s.close()  # abrupt drop / close without end
+        wait_slots_free(client)
+    assert len(client.decode(codes_of(2), format="pcm")) == 2 * SPF * 2
+
+
+def test_load_many_concurrent_streams(server, client, model32):
+    n_streams, frames = 16, 50
+    before = client.metrics()
+
+    async def one(c: AsyncClient, i: int):
+        codes = codes_of(frames, seed=100 + i)
+        async with c.stream(format="f32le") as s:
+            got = []
+            for k in range(0, frames, 5):
+                await s.push(codes[k : k + 5])
+                got.append(await s.recv_audio())
+                await asyncio.sleep(0.01 * (i % 3))
+            tail, done = await s.end()
+        return codes, np.concatenate(got + [tail]), done
+
+    async def go():
+        async with AsyncClient(server.url) as c:
+            return await asyncio.gather(*(one(c, i) for i in range(n_streams)))
+
+    t0 = time.monotonic()
+    results = asyncio.run(go())
+    elapsed = time.monotonic() - t0
+    for codes, audio, done in results:
+        assert done["frames"] == frames and len(audio) == frames * SPF
+        off = offline_ref(model32, codes, None)
+        assert np.abs(audio - off).max() <= 1e-4 * np.abs(off).max()
+    wait_slots_free(client)
+    after = client.metrics()
+    errors = lambda t: sum(float(v) for v in re.findall(r"^code2wav_errors_total\{[^}]*\} ([0-9.e+-]+)$", t, re.M))  # noqa: E731
+    assert errors(after) == errors(before)
+    assert metric(after, "code2wav_steps_total") > metric(before, "code2wav_steps_total")
+    assert metric(after, "code2wav_ttfp_seconds_count") >= metric(before, "code2wav_ttfp_seconds_count") + n_streams
+    print(f"{n_streams} streams x {frames} frames in {elapsed:.2f} s")
