@@ -218,10 +218,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stagger-ms", type=float, default=2.0)
     p.add_argument("--max-batch-frames", type=int, default=128, help="padded frames per step; sets the graph pool size (128: ~0.6 GiB bf16, 512: ~2.8 GiB)")
     p.add_argument("--out", default="bench-out", help="directory for results.json and plot.png")
+    p.add_argument("--server", default=None, help="measure a running code2wav serve at this URL instead (TTFP at the client)")
+    p.add_argument("--api-key", default=None, help="bearer token for --server")
+
+
+def main_service(args: argparse.Namespace) -> int:
+    """The same workload through the service's WebSocket API, one row per level and prefix."""
+    from code2wav.loadtest import fixed
+
+    rows = []
+    for pfx in [int(x) for x in args.prefix.split(",")]:
+        for c in [int(x) for x in args.levels.split(",")]:
+            r = asyncio.run(fixed(args.server, c, args.frames, [int(x) for x in args.chunks.split(",")], pfx, args.api_key))
+            rows.append({"mode": "service", "concurrency": c, "prefix_frames": pfx, **r.summary()})
+            print(json.dumps(rows[-1]), flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"meta": {"server": args.server}, "results": rows}, indent=2))
+    print(f"{'mode':<10}{'c':>5}{'pfx':>5}{'x RT':>9}{'TTFP p50':>10}{'TTFP p99':>10}{'errors':>8}")
+    for r in rows:
+        print(f"{r['mode']:<10}{r['concurrency']:>5}{r['prefix_frames']:>5}{r['throughput_x']:>9.1f}{r['ttfp_p50_ms']:>10.2f}{r['ttfp_p99_ms']:>10.2f}{sum(r['errors'].values()):>8}")
+    return 1 if any(r["errors"] for r in rows) else 0
 
 
 def main(args: argparse.Namespace) -> int:
     from code2wav.model.loading import load_decoder
+
+    if args.server:
+        return main_service(args)
 
     dtype = getattr(torch, args.dtype)
     model = load_decoder(args.model, device=args.device, dtype=dtype)

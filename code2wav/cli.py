@@ -351,9 +351,17 @@ def _run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_loadtest(sub) -> None:
+    from code2wav import loadtest
+
+    p = sub.add_parser("loadtest", help="bounded WebSocket load test of a running server", description=loadtest.__doc__)
+    loadtest.add_arguments(p)
+    p.set_defaults(func=loadtest.main)
+
+
 # -- entry point -------------------------------------------------------------------------------------
 
-SUBCOMMANDS: list[Callable] = [_add_decode, _add_bench, _add_serve]
+SUBCOMMANDS: list[Callable] = [_add_decode, _add_bench, _add_serve, _add_loadtest]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -32,8 +32,7 @@ from code2wav.client import AsyncClient, Client, ServerError, frames_bytes  # no
 from code2wav.model.loading import load_decoder  # noqa: E402
 from code2wav.server.audio import to_int16  # noqa: E402
 from code2wav.stream.engine import StreamEngine  # noqa: E402
-from tests.models import one_thread, random_codes  # noqa: E402
-from tests.test_cli import write_checkpoint  # noqa: E402
+from tests.models import one_thread, random_codes, write_checkpoint  # noqa: E402
 
 SPF, SR = 1920, 24000
 KEY = "s3cret"
@@ -417,3 +416,33 @@ def test_load_many_concurrent_streams(server, client, model32):
     assert metric(after, "code2wav_steps_total") > metric(before, "code2wav_steps_total")
     assert metric(after, "code2wav_ttfp_seconds_count") >= metric(before, "code2wav_ttfp_seconds_count") + n_streams
     print(f"{n_streams} streams x {frames} frames in {elapsed:.2f} s")
+
+
+def test_loadtest_command_bounded_run(server, client, tmp_path, capsys):
+    """``code2wav loadtest``: 8 workers for 2 s against the live server: streams served, no
+    errors, every slot free again, and the server's memory reported at start and end."""
+    from code2wav.cli import main
+
+    out = tmp_path / "load.json"
+    rc = main(["loadtest", "--server", server.url, "--streams", "8", "--seconds", "2", "--frames", "12", "--chunks", "1,5", "--json", str(out)])
+    summary = json.loads(out.read_text())
+    assert rc == 0 and summary["errors"] == {}
+    assert summary["streams_served"] >= 8
+    assert summary["audio_s"] == pytest.approx(summary["streams_served"] * 12 * SPF / SR)
+    assert summary["ttfp_p50_ms"] <= summary["ttfp_p99_ms"]
+    assert summary["server_before"]["process_resident_memory_bytes"] > 0
+    assert summary["server_after"]["process_resident_memory_bytes"] > 0
+    wait_slots_free(client)
+    assert "streams served" in capsys.readouterr().out
+
+
+def test_bench_through_the_service(server, tmp_path):
+    """``code2wav bench --server``: the bench workload over WebSocket, TTFP measured at the client."""
+    from code2wav.cli import main
+
+    rc = main(["bench", "--server", server.url, "--levels", "1,4", "--frames", "11", "--chunks", "1,5", "--prefix", "0,3", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert rc == 0 and len(rows) == 4
+    for r in rows:
+        assert r["streams_served"] == r["concurrency"] and r["errors"] == {}
+        assert r["audio_s"] == pytest.approx(r["concurrency"] * 11 * SPF / SR)

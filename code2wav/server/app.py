@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from torch import Tensor
@@ -129,6 +129,7 @@ class _Metrics:
         self.engine = engine
         self.registry = CollectorRegistry()
         self.registry.register(self)  # the engine-derived gauges/counters below, read at scrape time
+        ProcessCollector(registry=self.registry)  # process_resident_memory_bytes etc., for load tests
         self.step_seconds = Histogram(
             "code2wav_step_seconds",
             "Wall time of one batched engine step",
