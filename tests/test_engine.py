@@ -43,6 +43,8 @@ def test_concurrent_streams_equal_each_alone(m, codes):
     async def main():
         core = StreamEngine(m, max_streams=12, max_step_frames=16, max_batch_frames=64)
         async with AsyncEngine(core) as eng:
+            seen: list[int] = []
+            eng.on_step.append(lambda seconds, rows: seen.append(rows))
 
             async def one(i):
                 p, sched = specs[i]
@@ -58,6 +60,7 @@ def test_concurrent_streams_equal_each_alone(m, codes):
 
             outs = await asyncio.gather(*(one(i) for i in range(12)))
             steps, rows = eng.stats.steps, eng.stats.rows
+            assert len(seen) == steps and sum(seen) == rows  # the per-step hook (metrics) saw every step
         return outs, steps, rows, core
 
     outs, steps, rows, core = asyncio.run(main())

@@ -15,6 +15,7 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -47,6 +48,7 @@ class AsyncEngine:
         self.max_pending_chunks = max_pending_chunks
         self.batch_wait_s = batch_wait_s  # >0: wait a little for more rows (throughput mode)
         self.stats = EngineStats()
+        self.on_step: list[Callable[[float, int], None]] = []  # called with (seconds, rows) after every step
         self._keep = keep_step_times
         self._pending: dict[str, deque[tuple[Tensor | object, asyncio.Future]]] = {}
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="code2wav-step")
@@ -185,3 +187,5 @@ class AsyncEngine:
         self.stats.frames += sum(r.numel() for r in ok) // self.core.cfg.samples_per_frame
         if len(self.stats.step_seconds) < self._keep:
             self.stats.step_seconds.append(seconds)
+        for hook in self.on_step:
+            hook(seconds, len(ok))

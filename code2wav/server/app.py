@@ -145,7 +145,7 @@ class _Metrics:
         self.errors = Counter("code2wav_errors", "Errors returned to clients, by code", ["code"], registry=self.registry)
         self.connections = Gauge("code2wav_websocket_connections", "Open WebSocket connections", registry=self.registry)
         self.requests = Counter("code2wav_requests", "Requests by endpoint", ["endpoint"], registry=self.registry)
-        self._seen_steps = 0
+        engine.on_step.append(lambda seconds, rows: self.step_seconds.observe(seconds))
 
     def collect(self):
         core, stats = self.engine.core, self.engine.stats
@@ -162,10 +162,6 @@ class _Metrics:
         yield c
 
     def render(self) -> bytes:
-        new = self.engine.stats.step_seconds[self._seen_steps :]
-        self._seen_steps += len(new)
-        for s in new:
-            self.step_seconds.observe(s)
         return generate_latest(self.registry)
 
 
