@@ -95,11 +95,13 @@ class GraphRunner:
     def __call__(self, codes: Tensor, slots: Tensor, n_new: Tensor) -> Tensor:
         B, _, T = codes.shape
         shape = pick_bucket(list(self.graphs), B, T)
+        reason = None
         if shape is None:
-            self.fallbacks["no bucket" if self.graphs else "not captured"] += 1
-            return self.pool.run(self.model, codes.to(self.device), slots.to(self.device), n_new.to(self.device))
-        if torch.cuda.is_current_stream_capturing():
-            self.fallbacks["stream capture active"] += 1
+            reason = "no bucket" if self.graphs else "not captured"
+        elif torch.cuda.is_current_stream_capturing():
+            reason = "stream capture active"
+        if reason is not None:  # eager, counted
+            self.fallbacks[reason] += 1
             return self.pool.run(self.model, codes.to(self.device), slots.to(self.device), n_new.to(self.device))
         g = self.graphs[shape]
         g.codes.zero_()

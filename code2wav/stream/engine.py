@@ -45,10 +45,8 @@ class StreamError(ValueError):
 class _Stream:
     request_id: str
     slot: int
-    frames_out: int = 0
     last_active: float = field(default_factory=time.monotonic)
     history: list[Tensor] = field(default_factory=list)  # codes, baselines only
-    prefix_frames: int = 0
 
 
 class StreamEngine:
@@ -114,7 +112,6 @@ class StreamEngine:
         self._streams[request_id] = st
         self._ended.pop(request_id, None)
         if pre is not None and pre.shape[0]:
-            st.prefix_frames = pre.shape[0]
             if self.pool is not None:
                 try:
                     self._prefill(slot, pre)
@@ -185,7 +182,6 @@ class StreamEngine:
             audio = self._decode(rows)
             now = time.monotonic()
             for (st, fr), a in zip(rows, audio):
-                st.frames_out += fr.shape[0]
                 st.last_active = now
                 results[st.request_id] = a
         return {rid: results[rid] for rid in chunks}
