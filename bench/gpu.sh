@@ -5,7 +5,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:-bench-out}"; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then  # qwen-tts-compat (the official decoder) travels as a wheel
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 export CODE2WAV_CACHE=/tmp/code2wav-cache
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader
@@ -25,7 +25,7 @@ if [ "${1:-}" = service ]; then  # the service end to end vs in-process, same le
   echo "=== service ==="; tail -n 4 "$OUT/service.txt"; tail -n 3 "$OUT/loadtest.txt"; echo "=== in-process ==="; tail -n 4 "$OUT/inprocess.txt"
   exit 0
 fi
-[ "${1:-}" = offline64 ] && { python3 bench/offline.py --device cuda --dtypes float32 --batches 64 --frames 125 --repeat 2 2>&1 | tee "$OUT/offline_fp32_b64.txt"; exit 0; }
+[ "${1:-}" = offline64 ] && { python3 bench/offline.py --device cuda --dtypes float32 --batches 64 --frames 125 --repeat 2 --no-autotune 2>&1 | tee "$OUT/offline_fp32_b64.txt"; exit 0; }
 [ "${1:-}" = stream ] || python3 bench/gpu_check.py 2>&1 | tee "$OUT/gpu_check.txt"
 [ "${1:-}" = profile ] && { python3 bench/profile_step.py bfloat16 2>&1 | tee "$OUT/profile.txt"; exit 0; }
 if [ "${1:-}" = stream ]; then  # streaming bench, then the bf16 offline comparison

@@ -50,6 +50,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", default="")
+    ap.add_argument("--no-autotune", action="store_true", help="cuDNN heuristics instead of timing every conv shape (both sides)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -60,6 +61,7 @@ def main() -> int:
         from code2wav.model.loading import configure_cuda
 
         configure_cuda(getattr(torch, args.dtypes.split(",")[0]))
+        torch.backends.cudnn.benchmark = not args.no_autotune
     rows = []
     for dname in args.dtypes.split(","):
         dtype = getattr(torch, dname)
