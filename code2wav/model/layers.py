@@ -15,6 +15,13 @@ from code2wav.kernels.snake import residual_add, snake_beta
 from code2wav.model.streaming import Step, StreamingLayer
 
 
+def channels_last_(conv: nn.Module) -> None:
+    """Store a conv's weight channels-last (same values and shape, [out, k, in] in memory): with
+    channels-last activations, cuDNN then runs its NHWC kernels with no layout conversions."""
+    w = conv.weight
+    w.data = w.data.transpose(1, 2).contiguous().transpose(1, 2)
+
+
 class CausalConv1d(StreamingLayer):
     """Conv1d with ``(k-1)*d`` samples of left context and none on the right (stride 1)."""
 
@@ -29,12 +36,16 @@ class CausalConv1d(StreamingLayer):
             return {}
         return {self.state_key: (self.conv.in_channels, self.history)}
 
-    def forward(self, x: Tensor, step: Step | None = None, add_bias: bool = True) -> Tensor:
-        """``add_bias=False`` leaves the bias to the caller's next fused op (one pass fewer)."""
+    def forward(self, x: Tensor, step: Step | None = None, add_bias: bool = True,
+                act: SnakeBeta | None = None, act_bias: Tensor | None = None) -> Tensor:
+        """``add_bias=False`` leaves the bias to the caller's next fused op (one pass fewer).
+        ``act`` (with the previous conv's ``act_bias``) is applied to ``x`` first, fused with
+        the history concat."""
         bias = self.conv.bias if add_bias else None
         if self.history:
-            x = torch.cat([self._read_history(x, step, self.state_key), x], dim=-1)
-            self._write_history(x, step, self.state_key)
+            x = self._with_history(x, step, act, act_bias)
+        elif act is not None:
+            x = act(x, act_bias)
         if self.conv.out_channels == 1 and add_bias:  # the output conv: cuDNN is slow for one channel
             return mono_conv(x, self.conv.weight, bias, self.conv.dilation[0])
         return F.conv1d(x, self.conv.weight, bias, dilation=self.conv.dilation, groups=self.conv.groups)
@@ -61,15 +72,16 @@ class CausalConvTranspose1d(StreamingLayer):
             return {}
         return {self.state_key: (self.conv.in_channels, self.history)}
 
-    def forward(self, x: Tensor, step: Step | None = None) -> Tensor:
+    def forward(self, x: Tensor, step: Step | None = None, act: SnakeBeta | None = None) -> Tensor:
         n = x.shape[-1] * self.stride
         start = 0
         if self.history:
-            x = torch.cat([self._read_history(x, step, self.state_key), x], dim=-1)
-            self._write_history(x, step, self.state_key)
+            x = self._with_history(x, step, act)
             start = self.stride
+        elif act is not None:
+            x = act(x)
         y = F.conv_transpose1d(x, self.conv.weight, None, stride=self.stride)[..., start : start + n]
-        # Adding the bias to the trimmed view is also the copy that makes it contiguous.
+        # Adding the bias to the trimmed view is also the copy that makes it dense (same layout).
         return y + self.conv.bias[:, None]
 
 
@@ -114,7 +126,7 @@ class ResidualUnit(nn.Module):
         self.conv2 = CausalConv1d(dim, dim, 1, rate=rate)
 
     def forward(self, x: Tensor, step: Step | None = None) -> Tensor:
-        h = self.act2(self.conv1(self.act1(x), step, add_bias=False), bias=self.conv1.conv.bias)
+        h = self.act2(self.conv1(x, step, add_bias=False, act=self.act1), bias=self.conv1.conv.bias)
         return residual_add(x, self.conv2(h, step, add_bias=False), self.conv2.conv.bias)
 
 
@@ -130,7 +142,7 @@ class DecoderBlock(nn.Module):
         )
 
     def forward(self, x: Tensor, step: Step | None = None) -> Tensor:
-        x = self.block[0](x)
-        for layer in self.block[1:]:
+        x = self.block[1](x, step, act=self.block[0])
+        for layer in self.block[2:]:
             x = layer(x, step)
         return x

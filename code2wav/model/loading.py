@@ -139,9 +139,11 @@ def load_decoder(
     model.load_state_dict({k: v.to(work_dtype) for k, v in tensors.items()}, strict=True, assign=True)
     model.to(work_dtype)
     model.fold_codebooks(dtype)
+    model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
     if torch.device(device).type == "cuda":
         configure_cuda(dtype)
-    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+        model.channels_last()
+    return model
 
 
 def configure_cuda(dtype: torch.dtype) -> None:

@@ -5,7 +5,8 @@ previous ConvTranspose input, attention keys and values). Histories of all strea
 pool: one tensor per layer of shape ``[slots, ...]``. A batched :class:`Step` names which slots
 take part and how many new frames each row really carries; a layer reads its rows' histories
 (``gather``), prepends them to its new input, computes, and writes back the last ``H`` samples
-of the *valid* part (``scatter``), in place. The whole-utterance forward is the same code with
+of the *valid* part (``scatter``), in place. Conv layers do both through ``_with_history``, one
+fused pass each on CUDA. The whole-utterance forward is the same code with
 ``step=None`` and zero histories, which is exactly the causal zero padding of the original
 model; so a cold stream and the plain forward agree by construction.
 
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+
+from code2wav.kernels.history import history_cat, history_write, window  # noqa: F401 (window: re-exported)
 
 
 @dataclass
@@ -42,17 +45,6 @@ class Step:
         self.pool[key].index_copy_(0, self.slots, value.to(self.pool[key].dtype))
 
 
-def window(x: Tensor, start: Tensor, length: int, dim: int) -> Tensor:
-    """Per-row slice ``x[b, ..., start[b] : start[b] + length, ...]`` along ``dim`` (static shape)."""
-    dim = dim % x.dim()
-    idx = start.view(-1, *([1] * (x.dim() - 1))) + torch.arange(length, device=x.device).view(
-        *([1] * dim), length, *([1] * (x.dim() - dim - 1))
-    )
-    shape = list(x.shape)
-    shape[dim] = length
-    return x.gather(dim, idx.expand(shape))
-
-
 class StreamingLayer(nn.Module):
     """A layer with per-stream history. Subclasses set ``history`` (samples kept, along time)
     and ``rate`` (input samples per codec frame), and describe their state in ``state_shapes``."""
@@ -65,15 +57,17 @@ class StreamingLayer(nn.Module):
         """Per-stream state tensors this layer keeps, keyed by full pool key."""
         raise NotImplementedError
 
-    def _read_history(self, x: Tensor, step: Step | None, key: str) -> Tensor:
+    def _with_history(self, x: Tensor, step: Step | None, act: "nn.Module | None" = None, bias: Tensor | None = None) -> Tensor:
+        """``[history, act(x + bias)]`` along time, the history read from this layer's pool entry
+        (zeros without a step); then the last ``history`` samples of each row's valid part are
+        written back. ``act`` is a SnakeBeta fused into the same pass (see kernels/history.py)."""
+        params = (act.alpha, act.beta) if act is not None else None
         if step is None:
-            return x.new_zeros(*x.shape[:-1], self.history)
-        return step.gather(key).to(x.dtype)
-
-    def _write_history(self, xx: Tensor, step: Step | None, key: str) -> None:
-        """Keep the last ``history`` samples of the valid part of ``xx`` = [history, new]."""
-        if step is not None and self.history:
-            step.scatter(key, window(xx, step.n_new * self.rate, self.history, dim=-1))
+            return history_cat(x, self.history, act=params, bias=bias)
+        pool = step.pool[self.state_key]
+        xx = history_cat(x, self.history, pool, step.slots, params, bias)
+        history_write(pool, step.slots, xx, step.n_new, self.rate, self.history)
+        return xx
 
 
 def assign_state_keys(model: nn.Module) -> None:
