@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the H200 run does, in one call: checks, offline and streaming benchmarks.
-# Usage (device machine, repo root): bash bench/gpu.sh [quick|stream|profile|service|offline64]
+# Usage (device machine, repo root): bash bench/gpu.sh [quick|stream|profile|perf|service|offline64]
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:-bench-out}"; mkdir -p "$OUT"
@@ -23,6 +23,15 @@ if [ "${1:-}" = service ]; then  # the service end to end vs in-process, same le
   kill $SERVER; wait $SERVER 2>/dev/null
   python3 -m code2wav bench --modes exact-graph --levels 1,64 --frames 101 --out "$OUT/inprocess" 2>&1 | tee "$OUT/inprocess.txt"
   echo "=== service ==="; tail -n 4 "$OUT/service.txt"; tail -n 3 "$OUT/loadtest.txt"; echo "=== in-process ==="; tail -n 4 "$OUT/inprocess.txt"
+  exit 0
+fi
+if [ "${1:-}" = perf ]; then  # correctness, step profile (both weight layouts), exact-graph at two step budgets
+  timeout 200 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
+  timeout 200 python3 bench/profile_step.py bfloat16 2>&1 | tee "$OUT/profile.txt"
+  for budget in 128 512; do
+    timeout 150 python3 -m code2wav.bench --modes exact-graph --levels 1,16,64,256 --frames 101 --max-batch-frames $budget --out "$OUT/budget$budget" 2>&1 | tee "$OUT/bench$budget.txt"
+  done
+  echo "=== summary ==="; grep -E "^(PASS|FAIL|SUMMARY|INFO)" "$OUT/gpu_check.txt"; grep -B1 -A8 "eager ms" "$OUT/profile.txt"; tail -n 5 "$OUT"/bench*.txt
   exit 0
 fi
 [ "${1:-}" = offline64 ] && { python3 bench/offline.py --device cuda --dtypes float32 --batches 64 --frames 125 --repeat 2 --no-autotune 2>&1 | tee "$OUT/offline_fp32_b64.txt"; exit 0; }
