@@ -98,7 +98,7 @@ class Stream:
         from websockets.sync.client import connect
 
         # Entered as a context manager: websockets >= 17 warns on a bare connect().
-        self.ws = connect(self.url, additional_headers=_headers(self.api_key), open_timeout=self.open_timeout, max_size=None).__enter__()
+        self.ws = connect(self.url, additional_headers=_headers(self.api_key), open_timeout=self.open_timeout, max_size=None, compression=None).__enter__()
         try:
             msg = {"op": "open", "format": self.format}
             if self.request_id is not None:
@@ -283,7 +283,7 @@ class AsyncStream:
     async def __aenter__(self) -> "AsyncStream":
         from websockets.asyncio.client import connect
 
-        self.ws = await connect(self.url, additional_headers=_headers(self.api_key), open_timeout=self.open_timeout, max_size=None)
+        self.ws = await connect(self.url, additional_headers=_headers(self.api_key), open_timeout=self.open_timeout, max_size=None, compression=None)
         try:
             msg = {"op": "open", "format": self.format}
             if self.request_id is not None:

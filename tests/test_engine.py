@@ -87,6 +87,39 @@ def test_per_stream_order_with_many_chunks_in_flight(m, codes):
     assert (out - forward_audio(m, codes[:18])).abs().max() <= 1e-9
 
 
+def test_encode_runs_on_the_worker_per_row(m, codes):
+    """``encode`` turns a row's audio into its result after the step, on the worker thread; a
+    failing encode fails that row alone, and the stats still count the decoded audio."""
+    import threading
+
+    threads: set[str] = set()
+
+    def to_bytes(audio: torch.Tensor) -> bytes:
+        threads.add(threading.current_thread().name)
+        return audio.numpy().tobytes()
+
+    def broken(audio: torch.Tensor) -> bytes:
+        raise RuntimeError("encode failed")
+
+    async def main():
+        core = StreamEngine(m, max_streams=3)
+        async with AsyncEngine(core) as eng:
+            for rid in ("a", "b", "c"):
+                await eng.open(rid)
+            futs = [eng.submit("a", codes[:4], to_bytes), eng.submit("b", codes[:4], broken), eng.submit("c", codes[:4])]
+            done = await asyncio.gather(*futs, return_exceptions=True)
+            for rid in ("a", "b", "c"):
+                await eng.finish(rid)
+            return done, eng.stats
+
+    (a, b, c), stats = asyncio.run(main())
+    assert isinstance(a, bytes) and a == c.numpy().tobytes()
+    assert (c - forward_audio(m, codes[:4])).abs().max() <= 1e-9
+    assert isinstance(b, RuntimeError)
+    assert threads and all(t.startswith("code2wav-step") for t in threads)
+    assert stats.rows == 3 and stats.frames == 12
+
+
 def test_backpressure_and_refusals(m, codes):
     async def main():
         core = StreamEngine(m, max_streams=1)

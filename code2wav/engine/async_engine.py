@@ -6,6 +6,10 @@ its state pool are not thread-safe, and the event loop must stay free), and reso
 chunk's future as soon as the step returns. One chunk per stream per step keeps per-stream
 order. Queues are bounded: a stream with too many chunks in flight is refused, never buffered
 without limit.
+
+A push may carry an ``encode`` function (e.g. audio -> PCM bytes). It runs on the worker right
+after the step, so per-chunk conversion stays off the event loop, which is the service's
+bottleneck once steps are batched.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -42,6 +46,9 @@ class EngineStats:
         self.errors[code] = self.errors.get(code, 0) + 1
 
 
+Encode = Callable[[Tensor], Any]  # a chunk's audio -> what its future resolves to
+
+
 class AsyncEngine:
     def __init__(self, core: StreamEngine, max_pending_chunks: int = 16, batch_wait_s: float = 0.0, keep_step_times: int = 100_000):
         self.core = core
@@ -50,7 +57,7 @@ class AsyncEngine:
         self.stats = EngineStats()
         self.on_step: list[Callable[[float, int], None]] = []  # called with (seconds, rows) after every step
         self._keep = keep_step_times
-        self._pending: dict[str, deque[tuple[Tensor | object, asyncio.Future]]] = {}
+        self._pending: dict[str, deque[tuple[object, asyncio.Future, Encode | None]]] = {}
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="code2wav-step")
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -97,8 +104,14 @@ class AsyncEngine:
             raise
         self._pending[request_id] = deque()
 
-    async def push(self, request_id: str, frames: object) -> Tensor:
-        """Queue new frames; returns their audio once the step that decodes them completes."""
+    async def push(self, request_id: str, frames: object, encode: Encode | None = None) -> Any:
+        """Queue new frames; returns their audio (or ``encode(audio)``) once the step that decodes
+        them completes."""
+        return await self.submit(request_id, frames, encode)
+
+    def submit(self, request_id: str, frames: object, encode: Encode | None = None) -> asyncio.Future:
+        """As :meth:`push`, without a coroutine: queues the chunk now (or raises) and returns the
+        future of its result. Cancelling the future drops the chunk if its step has not begun."""
         q = self._pending.get(request_id)
         if q is None:
             self.core._get(request_id)  # raises the precise error (unknown / ended)
@@ -107,9 +120,9 @@ class AsyncEngine:
             self.stats.record_error("queue_full")
             raise Backpressure(f"stream {request_id!r} has {len(q)} chunks in flight (limit {self.max_pending_chunks})")
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
-        q.append((frames, fut))
+        q.append((frames, fut, encode))
         self._wake.set()
-        return await fut
+        return fut
 
     async def finish(self, request_id: str, frames: object = None) -> Tensor:
         """Decode the last frames (if any), wait for every queued chunk, free the stream."""
@@ -120,7 +133,7 @@ class AsyncEngine:
             else:
                 q = self._pending.get(request_id)
                 if q:
-                    await asyncio.gather(*(f for _, f in q), return_exceptions=True)
+                    await asyncio.gather(*(f for _, f, _ in q), return_exceptions=True)
         finally:
             if request_id in self._pending:
                 self._pending.pop(request_id)
@@ -135,7 +148,7 @@ class AsyncEngine:
         await self._call(self.core.abort, request_id)
 
     def _fail_pending(self, rid: str, err: Exception) -> None:
-        for _, fut in self._pending.get(rid, ()):
+        for _, fut, _ in self._pending.get(rid, ()):
             if not fut.done():
                 fut.set_exception(err)
                 fut.exception()  # mark retrieved: an abandoned chunk is not an unhandled error
@@ -150,19 +163,22 @@ class AsyncEngine:
                 await asyncio.sleep(self.batch_wait_s)
             batch: dict[str, object] = {}
             futures: dict[str, asyncio.Future] = {}
+            encoders: dict[str, Encode] = {}
             for rid, q in self._pending.items():
                 while q and q[0][1].done():  # cancelled by its caller
                     q.popleft()
                 if q:
-                    frames, fut = q.popleft()
+                    frames, fut, encode = q.popleft()
                     batch[rid], futures[rid] = frames, fut
+                    if encode is not None:
+                        encoders[rid] = encode
             if not batch:
                 continue
             try:
-                results, seconds = await self._call(self._timed_step, batch)
+                results, seconds, samples = await self._call(self._timed_step, batch, encoders)
             except Exception as e:  # a device failure fails this step's rows, not the loop
-                results, seconds = {rid: e for rid in batch}, 0.0
-            self._account(batch, results, seconds)
+                results, seconds, samples = {rid: e for rid in batch}, 0.0, []
+            self._account(samples, seconds)
             for rid, res in results.items():
                 fut = futures[rid]
                 if fut.done():
@@ -175,17 +191,27 @@ class AsyncEngine:
             if any(self._pending.values()):
                 self._wake.set()
 
-    def _timed_step(self, batch: dict[str, object]):
+    def _timed_step(self, batch: dict[str, object], encoders: dict[str, Encode]):
+        """On the worker: the step, then each row's ``encode``; returns (results, step seconds,
+        samples of each decoded row)."""
         t0 = time.perf_counter()
-        results = self.core.step(batch)
-        return results, time.perf_counter() - t0
+        results: dict[str, Any] = self.core.step(batch)
+        seconds = time.perf_counter() - t0
+        samples = [r.numel() for r in results.values() if not isinstance(r, Exception)]
+        for rid, encode in encoders.items():
+            res = results[rid]
+            if not isinstance(res, Exception):
+                try:
+                    results[rid] = encode(res)
+                except Exception as e:  # fails this row alone
+                    results[rid] = e
+        return results, seconds, samples
 
-    def _account(self, batch: dict[str, object], results: dict, seconds: float) -> None:
-        ok = [r for r in results.values() if not isinstance(r, Exception)]
+    def _account(self, samples: list[int], seconds: float) -> None:
         self.stats.steps += 1
-        self.stats.rows += len(ok)
-        self.stats.frames += sum(r.numel() for r in ok) // self.core.cfg.samples_per_frame
+        self.stats.rows += len(samples)
+        self.stats.frames += sum(samples) // self.core.cfg.samples_per_frame
         if len(self.stats.step_seconds) < self._keep:
             self.stats.step_seconds.append(seconds)
         for hook in self.on_step:
-            hook(seconds, len(ok))
+            hook(seconds, len(samples))

@@ -12,6 +12,7 @@ ends that connection's stream and frees its slot; other connections are unaffect
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import io
 import json
@@ -322,14 +323,15 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: Limits |
         async def body_iter():
             finished = False
             t0 = time.perf_counter()
+            encode = functools.partial(raw_bytes, fmt="pcm" if fmt == "wav" else fmt)  # runs on the engine's worker
             try:
                 if fmt == "wav":
                     yield wav_header(n * SPF, SR)
                 for i, s in enumerate(range(0, n, step)):
-                    audio = await engine.push(rid, frames[s : s + step])
+                    data = await engine.push(rid, frames[s : s + step], encode)
                     if i == 0:
                         metrics.ttfp_seconds.observe(time.perf_counter() - t0)
-                    yield raw_bytes(audio, "pcm" if fmt == "wav" else fmt)
+                    yield data
                 await engine.finish(rid)
                 finished = True
             except (StreamError, CodesError) as e:  # headers are gone: the body ends short
@@ -360,7 +362,8 @@ class _WsSession:
     """One WebSocket connection = one stream. A receiver task validates chunks and queues them on
     the engine; a sender task returns each chunk's audio in order. At most the engine's
     ``max_pending_chunks`` chunks are in flight; past that the receiver stops reading (TCP
-    backpressure instead of an error)."""
+    backpressure instead of an error). The engine's worker turns each chunk's audio into the
+    stream's wire format, so the event loop only moves bytes."""
 
     def __init__(self, ws: WebSocket, engine: AsyncEngine, limits: Limits, metrics: _Metrics, authorized, abort_quietly, open_stream):
         self.ws, self.engine, self.limits, self.metrics = ws, engine, limits, metrics
@@ -372,9 +375,11 @@ class _WsSession:
         self.fmt = "pcm_s16le"
         self.frames_in = self.frames_out = self.samples = 0
         self.outstanding = 0  # chunks pushed whose audio is not sent yet
-        self.queue: asyncio.Queue = asyncio.Queue()
+        self.encode = None  # audio -> wire bytes, set on open
+        self.sample_bytes = 2
+        self.queue: asyncio.Queue = asyncio.Queue()  # each chunk's future, in order; None after end
         self.slots = asyncio.Semaphore(max(1, engine.max_pending_chunks))
-        self.push_tasks: set[asyncio.Task] = set()
+        self.in_flight: set[asyncio.Future] = set()
         self.last_activity = time.monotonic()
         self.t_open = self.t_opened = self.t_first_in = self.t_first_out = None
 
@@ -403,8 +408,8 @@ class _WsSession:
         finally:
             for t in tasks:
                 t.cancel()
-            for t in list(self.push_tasks):
-                t.cancel()
+            for f in list(self.in_flight):
+                f.cancel()  # drops the chunk if its step has not begun
             if self.opened and not self.finished and self.rid is not None:
                 await self.abort_quietly(self.rid)
 
@@ -483,6 +488,8 @@ class _WsSession:
         self.t_open = time.perf_counter()
         await self.open_stream(rid, prefix)
         self.rid, self.fmt, self.opened = rid, fmt, True
+        self.encode = functools.partial(raw_bytes, fmt=fmt)
+        self.sample_bytes = 2 if fmt == "pcm_s16le" else 4
         self.t_opened = time.perf_counter()
         await self._send(lambda: self.ws.send_json({"type": "opened", "request_id": rid, "sample_rate": self.engine.core.cfg.sample_rate, "format": fmt}))
 
@@ -522,11 +529,15 @@ class _WsSession:
             if self.t_first_in is None:
                 self.t_first_in = time.perf_counter()
             await self.slots.acquire()
+            try:
+                fut = self.engine.submit(self.rid, frames, self.encode)  # type: ignore[arg-type]
+            except BaseException:
+                self.slots.release()
+                raise
             self.outstanding += 1
-            task = asyncio.create_task(self.engine.push(self.rid, frames))  # type: ignore[arg-type]
-            self.push_tasks.add(task)
-            task.add_done_callback(_discard_from(self.push_tasks))
-            await self.queue.put(task)
+            self.in_flight.add(fut)
+            fut.add_done_callback(_discard_from(self.in_flight))
+            self.queue.put_nowait(fut)
 
     # -- sending -------------------------------------------------------------------------------
 
@@ -538,22 +549,22 @@ class _WsSession:
 
     async def _sender(self) -> None:
         while True:
-            task = await self.queue.get()
-            if task is None:
+            fut = await self.queue.get()
+            if fut is None:
                 break
             try:
-                audio = await task
+                data: bytes = await fut
             finally:
                 self.slots.release()
-            data = raw_bytes(audio, self.fmt)
             await self._send(lambda: self.ws.send_bytes(data))
             self.outstanding -= 1
             self.last_activity = time.monotonic()
             if self.t_first_out is None:
                 self.t_first_out = time.perf_counter()
                 self.metrics.ttfp_seconds.observe(self.t_first_out - (self.t_first_in or self.t_first_out))
-            self.frames_out += audio.numel() // self.engine.core.cfg.samples_per_frame
-            self.samples += audio.numel()
+            n = len(data) // self.sample_bytes
+            self.frames_out += n // self.engine.core.cfg.samples_per_frame
+            self.samples += n
         await self.engine.finish(self.rid)  # type: ignore[arg-type]
         self.finished = True
         t = time.perf_counter()
@@ -574,9 +585,9 @@ class _WsSession:
 
 
 def _discard_from(s: set):
-    def cb(t: asyncio.Task) -> None:
-        s.discard(t)
-        if not t.cancelled():
-            t.exception()  # retrieved: an abandoned chunk's error is not an unhandled one
+    def cb(f: asyncio.Future) -> None:
+        s.discard(f)
+        if not f.cancelled():
+            f.exception()  # retrieved: an abandoned chunk's error is not an unhandled one
 
     return cb
