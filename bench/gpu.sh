@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the H200 run does, in one call: checks, offline and streaming benchmarks.
-# Usage (device machine, repo root): bash bench/gpu.sh [quick|stream|profile|perf|service|offline64]
+# Usage (device machine, repo root): bash bench/gpu.sh [quick|stream|profile|perf|final|service|offline64]
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:-bench-out}"; mkdir -p "$OUT"
@@ -32,6 +32,19 @@ if [ "${1:-}" = perf ]; then  # correctness, step profile (both weight layouts),
     timeout 150 python3 -m code2wav.bench --modes exact-graph --levels 1,16,64,256 --frames 101 --max-batch-frames $budget --out "$OUT/budget$budget" 2>&1 | tee "$OUT/bench$budget.txt"
   done
   echo "=== summary ==="; grep -E "^(PASS|FAIL|SUMMARY|INFO)" "$OUT/gpu_check.txt"; grep -B1 -A8 "eager ms" "$OUT/profile.txt"; tail -n 5 "$OUT"/bench*.txt
+  exit 0
+fi
+if [ "${1:-}" = final ]; then  # what fits one call: checks, step profile, exact-graph bench (prefix 0/72), the service
+  timeout 100 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
+  timeout 100 python3 bench/profile_step.py bfloat16 2>&1 | tee "$OUT/profile.txt"
+  timeout 110 python3 -m code2wav.bench --modes exact-graph --levels 1,16,64,256 --frames 101 --prefix 0,72 --out "$OUT/bench" 2>&1 | tee "$OUT/bench.txt"
+  ( python3 -m code2wav serve --device cuda --dtype bfloat16 --max-streams 64 --log-level warning >"$OUT/serve.log" 2>&1 & echo $! >/tmp/server.pid )
+  get() { python3 -c "import sys, httpx; r = httpx.get('http://127.0.0.1:8091' + sys.argv[1]); r.raise_for_status(); print(r.text)" "$1"; }
+  for _ in $(seq 90); do get /health >/dev/null 2>&1 && break; sleep 1; done
+  timeout 40 python3 -m code2wav bench --server http://127.0.0.1:8091 --levels 1,64 --frames 101 --out "$OUT/service" 2>&1 | tee "$OUT/service.txt"
+  kill "$(cat /tmp/server.pid)"
+  echo "=== summary ==="; grep -E "^(PASS|FAIL|SUMMARY|INFO)" "$OUT/gpu_check.txt"; grep -B1 -A6 "eager ms" "$OUT/profile.txt"
+  tail -n 9 "$OUT/bench.txt"; tail -n 3 "$OUT/service.txt"
   exit 0
 fi
 [ "${1:-}" = offline64 ] && { python3 bench/offline.py --device cuda --dtypes float32 --batches 64 --frames 125 --repeat 2 --no-autotune 2>&1 | tee "$OUT/offline_fp32_b64.txt"; exit 0; }

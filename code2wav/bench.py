@@ -216,6 +216,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunks", default="1,25", help="chunk schedule, the last size repeating")
     p.add_argument("--prefix", default="0", help="reference prefix frames; comma list runs each")
     p.add_argument("--stagger-ms", type=float, default=2.0)
+    p.add_argument("--channels-last", action="store_true", help="CUDA: run the conv stack channels-last (weights and activations)")
     p.add_argument("--max-batch-frames", type=int, default=128, help="padded frames per step; sets the graph pool size (128: ~0.6 GiB bf16, 512: ~2.8 GiB)")
     p.add_argument("--out", default="bench-out", help="directory for results.json and plot.png")
     p.add_argument("--server", default=None, help="measure a running code2wav serve at this URL instead (TTFP at the client)")
@@ -248,7 +249,7 @@ def main(args: argparse.Namespace) -> int:
         return main_service(args)
 
     dtype = getattr(torch, args.dtype)
-    model = load_decoder(args.model, device=args.device, dtype=dtype)
+    model = load_decoder(args.model, device=args.device, dtype=dtype, channels_last=args.channels_last)
     modes = [m for m in args.modes.split(",") if m]
     bad = [m for m in modes if m not in ALL_MODES]
     if bad:
@@ -260,7 +261,8 @@ def main(args: argparse.Namespace) -> int:
         results += run(model, modes, levels, args.frames, chunks, pfx, args.stagger_ms / 1e3, args.max_batch_frames)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu", "dtype": args.dtype, "torch": torch.__version__}
+    meta = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu", "dtype": args.dtype, "torch": torch.__version__,
+            "channels_last": args.channels_last, "max_batch_frames": args.max_batch_frames}
     (out / "results.json").write_text(json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=2))
     plot(results, out / "plot.png")
     print(table(results))

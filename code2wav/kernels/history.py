@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from code2wav.kernels.snake import BLOCK, dense, empty_time, fused, snake_beta_eager, triton
+from code2wav.kernels.snake import BLOCK, dense, empty_time, fused, is_channels_last, snake_beta_eager, triton
 
 if triton is not None:
     import triton.language as tl
@@ -75,14 +75,14 @@ def history_cat(x: Tensor, history: int, pool: Tensor | None = None, slots: Tens
     """``cat([pool[slots] (zeros without a pool), act(x + bias)], -1)`` for ``x`` [B, C, L] and
     ``pool`` [slots, C, history]. ``act`` is SnakeBeta's (alpha, beta); without it ``bias`` must be
     None. The result has ``x``'s layout."""
-    if not fused(x):
+    if not fused(x) or x.numel() + x.shape[0] * x.shape[1] * history >= 2**31:
         hist = x.new_zeros(*x.shape[:-1], history) if pool is None else pool.index_select(0, slots).to(x.dtype)
         if act is not None:
             x = snake_beta_eager(x, act[0], act[1], bias)
         return torch.cat([hist, x], dim=-1)
-    x, cl = dense(x)
     B, C, L = x.shape
     T = history + L
+    cl = is_channels_last(x)  # x itself is read through its strides, whatever they are
     out = empty_time(x, T, cl)
     N = out.numel()
     dummy = x  # never read: the flags below switch those loads off

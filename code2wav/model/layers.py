@@ -48,7 +48,10 @@ class CausalConv1d(StreamingLayer):
             x = act(x, act_bias)
         if self.conv.out_channels == 1 and add_bias:  # the output conv: cuDNN is slow for one channel
             return mono_conv(x, self.conv.weight, bias, self.conv.dilation[0])
-        return F.conv1d(x, self.conv.weight, bias, dilation=self.conv.dilation, groups=self.conv.groups)
+        # As a 2-D conv over [B, C, 1, L]: torch's conv1d picks its memory format from the 3-D
+        # tensors (always contiguous) and would copy channels-last activations on every call.
+        w = self.conv.weight.unsqueeze(2)
+        return F.conv2d(x.unsqueeze(2), w, bias, dilation=(1, self.conv.dilation[0]), groups=self.conv.groups).squeeze(2)
 
 
 class CausalConvTranspose1d(StreamingLayer):
@@ -80,7 +83,8 @@ class CausalConvTranspose1d(StreamingLayer):
             start = self.stride
         elif act is not None:
             x = act(x)
-        y = F.conv_transpose1d(x, self.conv.weight, None, stride=self.stride)[..., start : start + n]
+        y = F.conv_transpose2d(x.unsqueeze(2), self.conv.weight.unsqueeze(2), None, stride=(1, self.stride)).squeeze(2)
+        y = y[..., start : start + n]
         # Adding the bias to the trimmed view is also the copy that makes it dense (same layout).
         return y + self.conv.bias[:, None]
 

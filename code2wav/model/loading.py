@@ -103,8 +103,10 @@ def load_decoder(
     spec: str | os.PathLike[str] | None = None,
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
+    channels_last: bool = False,
 ) -> Decoder:
-    """Load the decoder, fold its codebooks and move it to ``device``/``dtype`` in eval mode."""
+    """Load the decoder, fold its codebooks and move it to ``device``/``dtype`` in eval mode.
+    ``channels_last`` (CUDA only) runs the conv stack in [B, L, C] memory layout."""
     from safetensors import safe_open
 
     ckpt = resolve_checkpoint(spec)
@@ -142,7 +144,8 @@ def load_decoder(
     model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
     if torch.device(device).type == "cuda":
         configure_cuda(dtype)
-        model.channels_last()
+        if channels_last:
+            model.channels_last()
     return model
 
 
