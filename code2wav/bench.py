@@ -216,7 +216,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunks", default="1,25", help="chunk schedule, the last size repeating")
     p.add_argument("--prefix", default="0", help="reference prefix frames; comma list runs each")
     p.add_argument("--stagger-ms", type=float, default=2.0)
-    p.add_argument("--channels-last", action="store_true", help="CUDA: run the conv stack channels-last (weights and activations)")
+    p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=True,
+                   help="CUDA: run the conv stack channels-last (the default; --no-channels-last: contiguous)")
     p.add_argument("--max-batch-frames", type=int, default=128, help="padded frames per step; sets the graph pool size (128: ~0.6 GiB bf16, 512: ~2.8 GiB)")
     p.add_argument("--out", default="bench-out", help="directory for results.json and plot.png")
     p.add_argument("--server", default=None, help="measure a running code2wav serve at this URL instead (TTFP at the client)")

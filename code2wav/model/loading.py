@@ -103,10 +103,11 @@ def load_decoder(
     spec: str | os.PathLike[str] | None = None,
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
-    channels_last: bool = False,
+    channels_last: bool = True,
 ) -> Decoder:
     """Load the decoder, fold its codebooks and move it to ``device``/``dtype`` in eval mode.
-    ``channels_last`` (CUDA only) runs the conv stack in [B, L, C] memory layout."""
+    ``channels_last`` (CUDA only; default) runs the conv stack in [B, L, C] memory layout: on an
+    H200 in bf16 it made a 16 x 25-frame step 26 % shorter than the contiguous layout."""
     from safetensors import safe_open
 
     ckpt = resolve_checkpoint(spec)
