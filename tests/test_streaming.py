@@ -188,6 +188,105 @@ def test_output_never_contains_prefix_audio(small64):
     assert max_err(first, ref[: 5 * SPF]) > 1e-3  # not the prefix's audio
 
 
+def _counting(model, name: str) -> list[int]:
+    """Count calls of ``model.<name>`` (front or back pass) from now on."""
+    calls: list[int] = []
+    inner = getattr(model, name)
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape[0])  # rows in that pass
+        return inner(*args, **kwargs)
+
+    setattr(model, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("bucketed", [False, True], ids=["exact-shapes", "bucketed-shapes"])
+def test_prefixes_of_streams_opening_together_are_prefilled_in_one_batch(small64, bucketed):
+    """Streams opened with reference prefixes are prefilled at their first step, together: one
+    conv-stack pass over every prefix's last frames (not one eager prefill per stream, which
+    queued 256 opening streams behind each other). With bucketed shapes (the CUDA setting) the
+    batch is padded with scratch rows and full-size pieces; the audio is exact either way."""
+    m, codes, ref = small64
+    prefixes = [1, 3, 9, 10, 40, 72, 0]
+    engine = StreamEngine(m, max_streams=8, max_step_frames=16)
+    engine.bucket_prefill = bucketed
+    for i, p in enumerate(prefixes):
+        engine.open(f"s{i}", codes[:p])
+    back_rows = _counting(engine.model, "back")
+    try:
+        out = engine.step({f"s{i}": codes[p : p + 3] for i, p in enumerate(prefixes)})
+    finally:
+        del engine.model.back  # the instance attribute; the class method is back
+    assert back_rows == [8 if bucketed else 6, 7]  # the prefill pass (6 prefixed rows), then the step
+    for i, p in enumerate(prefixes):
+        assert max_err(out[f"s{i}"], ref[p * SPF : (p + 3) * SPF]) <= 1e-9, (i, p)
+    # a later opener is prefilled alone, in its own first step
+    engine.finish("s0")
+    engine.open("late", codes[:25])
+    assert max_err(engine.push("late", codes[25:27]), ref[25 * SPF : 27 * SPF]) <= 1e-9
+
+
+def test_prefill_batches_respect_the_frame_budget(small64):
+    """The prefill's conv pass holds at most ``max_batch_frames`` frames (rows x back context):
+    more opening streams are split into several exact passes."""
+    m, codes, ref = small64
+    engine = StreamEngine(m, max_streams=5, max_step_frames=16, max_batch_frames=30)  # 2 rows of 10 frames
+    for i in range(5):
+        engine.open(f"s{i}", codes[: 12 + i])
+    back_rows = _counting(engine.model, "back")
+    try:
+        out = engine.step({f"s{i}": codes[12 + i : 14 + i] for i in range(5)})
+    finally:
+        del engine.model.back
+    assert back_rows[:3] == [2, 2, 1]
+    for i in range(5):
+        assert max_err(out[f"s{i}"], ref[(12 + i) * SPF : (14 + i) * SPF]) <= 1e-9
+
+
+def test_failed_prefill_ends_only_the_prefixed_streams(small64):
+    """If the batched prefill fails (e.g. the device runs out of memory), the streams waiting
+    for it get a ``prefill_failed`` error and are ended; the other rows of the step decode."""
+    from code2wav.stream.engine import StreamError
+
+    m, codes, ref = small64
+    engine = StreamEngine(m, max_streams=3)
+    engine.open("plain")
+    engine.open("p1", codes[:20])
+    engine.open("p2", codes[:5])
+    inner = engine._prefill
+
+    def failing(streams):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    engine._prefill = failing
+    out = engine.step({"plain": codes[:4], "p1": codes[20:24], "p2": codes[5:9]})
+    engine._prefill = inner
+    assert max_err(out["plain"], ref[: 4 * SPF]) <= 1e-9
+    for rid in ("p1", "p2"):
+        assert isinstance(out[rid], StreamError) and out[rid].code == "prefill_failed"
+        assert "out of memory" in str(out[rid]) and rid in str(out[rid])
+    assert engine.active == 1 and engine.pool.in_use == 1
+    with pytest.raises(StreamError, match="already aborted"):
+        engine.push("p1", codes[24:25])
+
+
+def test_stream_with_prefix_ended_before_its_first_step(small64):
+    """A prefixed stream that is finished or aborted before any push never runs its prefill
+    and frees its slot."""
+    m, codes, _ = small64
+    engine = StreamEngine(m, max_streams=2)
+    engine.open("a", codes[:30])
+    engine.open("b", codes[:30])
+    back_rows = _counting(engine.model, "back")
+    try:
+        assert engine.finish("a").numel() == 0
+        engine.abort("b")
+    finally:
+        del engine.model.back
+    assert back_rows == [] and engine.pool.in_use == 0 and engine.active == 0
+
+
 def test_back_context_is_exactly_enough(small64):
     """The conv stack only sees the last ``back_context_frames()`` prefix frames (10 for these
     rates); that rebuilds its state exactly, and one frame fewer does not."""

@@ -93,7 +93,8 @@ class AsyncEngine:
         return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
 
     async def open(self, request_id: str, prefix: object = None) -> None:
-        """Open a stream (prefill of the reference prefix runs on the worker, between steps)."""
+        """Open a stream: validates the prefix and takes a slot. The prefix's prefill runs in
+        the stream's first step, batched with the other streams opened since the last step."""
         try:
             await self._call(self.core.open, request_id, prefix)
         except StreamError as e:

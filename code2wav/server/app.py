@@ -61,6 +61,7 @@ WS_CLOSE = {
     "pool_full": 1013,
     "queue_full": 1013,
     "shutdown": 1012,
+    "prefill_failed": 1011,
     "internal": 1011,
 }
 # Machine code -> HTTP status. Codes not listed answer 500.
@@ -82,6 +83,7 @@ HTTP_STATUS = {
     "pool_full": 503,
     "queue_full": 503,
     "shutdown": 503,
+    "prefill_failed": 500,
     "internal": 500,
 }
 # Request ids are the client's; keep them printable and short.

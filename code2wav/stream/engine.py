@@ -10,6 +10,9 @@ counts. Causality makes the padding harmless, and histories are cut at each row'
 length, so rows of any size (cold, growing, rolling) share one step and one tensor shape per
 (batch, frames) pair, which is what CUDA graphs replay. Grouping by size would multiply steps.
 
+A reference prefix is validated at ``open`` and prefilled at the stream's first step, in one
+batch with every other stream waiting for its prefill (see ``_prefill``).
+
 Modes: ``exact`` keeps per-layer state (this project); ``windowed`` re-decodes 72 frames of left
 context plus the new frames with the plain forward (inexact; what vLLM-Omni did before its cached
 decode); ``full`` re-decodes everything so far. The last two exist as benchmark baselines.
@@ -27,6 +30,7 @@ from torch import Tensor
 
 from code2wav.codes import CodesError, as_frames
 from code2wav.model.decoder import Decoder
+from code2wav.model.streaming import window
 from code2wav.stream.pool import PoolFull, StatePool
 
 Mode = Literal["exact", "windowed", "full"]
@@ -47,6 +51,7 @@ class _Stream:
     slot: int
     last_active: float = field(default_factory=time.monotonic)
     history: list[Tensor] = field(default_factory=list)  # codes, baselines only
+    prefix: Tensor | None = None  # exact mode: reference frames not prefilled yet (next step does it)
 
 
 class StreamEngine:
@@ -79,6 +84,9 @@ class StreamEngine:
         self._free_slots = list(range(max_streams - 1, -1, -1))  # baselines: slots only count streams
         self._ended: OrderedDict[str, str] = OrderedDict()  # recently ended id -> "finished"/"aborted"
         self.back_context = model.back_context_frames()
+        # Pad eager prefill batches to bucketed shapes: with cuDNN autotune (on for CUDA) every
+        # new shape is timed once, so the set of shapes must stay small.
+        self.bucket_prefill = self.device.type == "cuda"
         # (codes [B, Q, T] cpu, slots [B], n_new [B]) -> audio [B, T * spf]; a graph runner
         # replaces it on GPU.
         self.runner = self._run_eager
@@ -113,11 +121,7 @@ class StreamEngine:
         self._ended.pop(request_id, None)
         if pre is not None and pre.shape[0]:
             if self.pool is not None:
-                try:
-                    self._prefill(slot, pre)
-                except BaseException:
-                    self._release(st, "aborted")
-                    raise
+                st.prefix = pre  # prefilled with every other waiting stream at its first step
             else:
                 st.history.append(pre)
 
@@ -179,6 +183,18 @@ class StreamEngine:
             except (StreamError, CodesError) as e:
                 results[rid] = e
         if rows:
+            waiting = [st for st, _ in rows if st.prefix is not None]
+            if waiting:
+                try:
+                    self._prefill(waiting)
+                except BaseException as e:  # their state is half written: those streams end here
+                    for st in waiting:
+                        self._release(st, "aborted")
+                        results[st.request_id] = StreamError("prefill_failed", f"stream {st.request_id!r}: reference prefix failed: {e}")
+                    if not isinstance(e, Exception):
+                        raise
+                    rows = [(st, fr) for st, fr in rows if st not in waiting]
+        if rows:
             audio = self._decode(rows)
             now = time.monotonic()
             for (st, fr), a in zip(rows, audio):
@@ -232,19 +248,43 @@ class StreamEngine:
         return self.pool.run(self.model, codes.to(dev), slots.to(dev), n_new.to(dev))
 
     @torch.no_grad()
-    def _prefill(self, slot: int, prefix: Tensor) -> None:
-        """Run the transformer over the whole prefix (its KV depends on all of it), then the conv
-        stack over only the last ``back_context`` frames: enough to make its state exact."""
+    def _prefill(self, streams: list[_Stream]) -> None:
+        """Build the state of streams opened with a reference prefix, all in one batch: the
+        transformer over each whole prefix (its KV depends on all of it), then the conv stack over
+        only each prefix's last ``back_context`` frames, which is enough to make its state exact.
+
+        Deferred from ``open`` to the stream's first step so that streams opening together share
+        these passes instead of queueing one eager prefill each. Rows are padded to bucketed
+        shapes (scratch rows with no new frames), so cuDNN tunes a bounded set of shapes."""
         assert self.pool is not None
-        slots = torch.tensor([slot], device=self.device)
-        hidden = []
-        for s in range(0, prefix.shape[0], self.max_step_frames):
-            chunk = prefix[s : s + self.max_step_frames]
-            n = torch.tensor([chunk.shape[0]], device=self.device)
-            hidden.append(self.model.front(chunk.T[None].to(self.device), self.pool.step(slots, n)))
-            self.pool.advance(slots, n)
-        tail = torch.cat(hidden, dim=-1)[..., -self.back_context :]
-        self.model.back(tail, self.pool.step(slots, torch.tensor([tail.shape[-1]], device=self.device)))
+        K = self.back_context
+        group_rows = _bucket(max(1, self.max_batch_frames // max(K, 1)), floor=True)
+        for g in range(0, len(streams), group_rows):
+            group = streams[g : g + group_rows]
+            prefixes = [st.prefix for st in group]
+            for st in group:
+                st.prefix = None
+            B = _bucket(len(group)) if self.bucket_prefill else len(group)
+            lengths = [p.shape[0] for p in prefixes] + [0] * (B - len(group))
+            slots = torch.tensor([st.slot for st in group] + [self.pool.scratch_slot] * (B - len(group)), device=self.device)
+            hidden, done, longest = [], 0, max(lengths)
+            while done < longest:
+                t = min(self.max_step_frames, longest - done)
+                codes = torch.zeros(B, self.cfg.num_quantizers, self.max_step_frames if self.bucket_prefill else t, dtype=torch.long)
+                n = [min(max(P - done, 0), t) for P in lengths]
+                for b, p in enumerate(prefixes):
+                    codes[b, :, : n[b]] = p[done : done + n[b]].T
+                n_new = torch.tensor(n, device=self.device)
+                hidden.append(self.model.front(codes.to(self.device), self.pool.step(slots, n_new))[..., :t])
+                self.pool.advance(slots, n_new)
+                done += t
+            h = torch.cat(hidden, dim=-1)
+            if h.shape[-1] < K:  # every prefix is shorter than the horizon: pad (causal, unread)
+                h = torch.nn.functional.pad(h, (0, K - h.shape[-1]))
+            tail_n = torch.tensor([min(P, K) for P in lengths], device=self.device)
+            starts = torch.tensor([P - min(P, K) for P in lengths], device=self.device)
+            tail = window(h, starts, K, dim=-1)  # row b: its last min(P_b, K) frames, left-aligned
+            self.model.back(tail, self.pool.step(slots, tail_n))
 
     def _decode_baseline(self, rows: list[tuple[_Stream, Tensor]]) -> list[Tensor]:
         """``windowed``/``full``: the plain forward over (context + new), right-padded batch,
@@ -294,6 +334,12 @@ class StreamEngine:
         self._ended[st.request_id] = how
         while len(self._ended) > 4096:
             self._ended.popitem(last=False)
+
+
+def _bucket(n: int, floor: bool = False) -> int:
+    """``n`` rounded to a power of two (up, or down with ``floor``)."""
+    p = 1 << (n - 1).bit_length()
+    return p // 2 if floor and p > n else p
 
 
 def _groups(rows: list[int], take: dict[int, int], max_rows: Callable[[int], int]) -> list[list[int]]:
