@@ -14,3 +14,8 @@ import sys
 
 if "torch" not in sys.modules:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+# The CUDA kernels (code2wav/kernels) are tested on CPU through Triton's interpreter; @triton.jit
+# reads this when a kernel is defined, so it too must be set before code2wav is imported. Only
+# tests/test_kernels.py launches them on CPU tensors (everywhere else the gate sends CPU to eager).
+os.environ.setdefault("TRITON_INTERPRET", "1")

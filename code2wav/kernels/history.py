@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from code2wav.kernels.snake import BLOCK, dense, empty_time, fused, is_channels_last, snake_beta_eager, triton
+from code2wav.kernels import snake
+from code2wav.kernels.snake import dense, empty_time, is_channels_last, snake_beta_eager, triton
 
 if triton is not None:
     import triton.language as tl
@@ -75,7 +76,7 @@ def history_cat(x: Tensor, history: int, pool: Tensor | None = None, slots: Tens
     """``cat([pool[slots] (zeros without a pool), act(x + bias)], -1)`` for ``x`` [B, C, L] and
     ``pool`` [slots, C, history]. ``act`` is SnakeBeta's (alpha, beta); without it ``bias`` must be
     None. The result has ``x``'s layout."""
-    if not fused(x) or x.numel() + x.shape[0] * x.shape[1] * history >= 2**31:
+    if not snake.fused(x) or x.numel() + x.shape[0] * x.shape[1] * history >= 2**31:
         hist = x.new_zeros(*x.shape[:-1], history) if pool is None else pool.index_select(0, slots).to(x.dtype)
         if act is not None:
             x = snake_beta_eager(x, act[0], act[1], bias)
@@ -87,10 +88,10 @@ def history_cat(x: Tensor, history: int, pool: Tensor | None = None, slots: Tens
     N = out.numel()
     dummy = x  # never read: the flags below switch those loads off
     alpha, beta = act if act is not None else (dummy, dummy)
-    _history_cat_kernel[(triton.cdiv(N, BLOCK),)](
+    _history_cat_kernel[(triton.cdiv(N, snake.BLOCK),)](
         out, x, pool if pool is not None else dummy, slots if slots is not None else dummy, alpha, beta,
         bias if bias is not None else dummy, N, C, history, T, *x.stride(),
-        CL=cl, HAS_POOL=pool is not None, HAS_ACT=act is not None, HAS_BIAS=bias is not None, BLOCK=BLOCK,
+        CL=cl, HAS_POOL=pool is not None, HAS_ACT=act is not None, HAS_BIAS=bias is not None, BLOCK=snake.BLOCK,
     )
     return out
 
@@ -108,12 +109,12 @@ def window(x: Tensor, start: Tensor, length: int, dim: int) -> Tensor:
 
 def history_write(pool: Tensor, slots: Tensor, xx: Tensor, n_new: Tensor, rate: int, history: int) -> None:
     """``pool[slots[b]] = xx[b, :, n_new[b]*rate : n_new[b]*rate + history]``, in place."""
-    if not fused(xx):
+    if not snake.fused(xx):
         pool.index_copy_(0, slots, window(xx, n_new * rate, history, dim=-1).to(pool.dtype))
         return
     xx, cl = dense(xx)
     B, C, _ = xx.shape
     N = B * C * history
-    _history_write_kernel[(triton.cdiv(N, BLOCK),)](
-        pool, slots, n_new, xx, N, C, history, *xx.stride(), rate, CL=cl, BLOCK=BLOCK
+    _history_write_kernel[(triton.cdiv(N, snake.BLOCK),)](
+        pool, slots, n_new, xx, N, C, history, *xx.stride(), rate, CL=cl, BLOCK=snake.BLOCK
     )

@@ -12,7 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from code2wav.kernels import snake
 from code2wav.kernels.snake import triton
+
+BLOCK_T = 64  # output samples per program
 
 if triton is not None:
     import triton.language as tl
@@ -38,13 +41,13 @@ if triton is not None:
 
 def mono_conv(x: Tensor, weight: Tensor, bias: Tensor, dilation: int = 1) -> Tensor:
     """``conv1d(x, weight, bias)`` for ``weight`` [1, C, K], no padding: [B, C, L] -> [B, 1, L - (K-1)*d]."""
-    if triton is None or not x.is_cuda or x.dtype == torch.float64 or x.shape[1] > 256:
+    if not snake.fused(x) or x.shape[1] > 256:
         return F.conv1d(x, weight, bias, dilation=dilation)
     B, C, L = x.shape
     K = weight.shape[-1]
     L_out = L - (K - 1) * dilation
     y = torch.empty(B, 1, L_out, device=x.device, dtype=x.dtype)
-    block_t = 64
+    block_t = BLOCK_T
     _mono_conv_kernel[(B, triton.cdiv(L_out, block_t))](
         x, weight, bias, y, C, L_out, *x.stride(), weight.stride(1), weight.stride(2),
         K=K, DIL=dilation, BLOCK_T=block_t, BLOCK_C=triton.next_power_of_2(C),

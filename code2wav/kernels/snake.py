@@ -21,11 +21,12 @@ try:  # Triton ships with CUDA builds of torch; CPU-only installs run the eager 
 except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
-BLOCK = 1024
+BLOCK = 1024  # elements per program (tests raise it: Triton's CPU interpreter pays per program)
 
 
 def fused(x: Tensor) -> bool:
-    """Whether the Triton path applies: CUDA, not float64, int32-indexable."""
+    """Whether the Triton path applies: CUDA, not float64, int32-indexable. (The one gate for
+    every kernel here; tests swap it to run the kernels through Triton's CPU interpreter.)"""
     return triton is not None and x.is_cuda and x.dtype != torch.float64 and x.numel() < 2**31
 
 

@@ -1,0 +1,127 @@
+"""The CUDA kernels' logic, on CPU through Triton's interpreter (float32).
+
+Each fused kernel must equal the eager formula it replaces, for both activation layouts the conv
+stack uses (contiguous ``[B, C, L]`` and channels-last ``[B, L, C]`` in memory), with and without
+the optional fused SnakeBeta and bias, and the whole streaming step run through them must equal
+the eager step. Real-GPU numerics (bf16, cuDNN) are checked by ``bench/gpu_check.py`` on the H200.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+
+from code2wav.kernels import history, mono_conv, snake  # noqa: E402
+from code2wav.model.streaming import window  # noqa: E402
+from code2wav.stream.engine import StreamEngine  # noqa: E402
+from tests.models import SMALL, model, one_thread, random_codes  # noqa: E402
+
+LAYOUTS = ("contiguous", "channels_last")
+
+
+@pytest.fixture(autouse=True)
+def triton_on_cpu(monkeypatch):
+    """Route CPU float32 tensors through the Triton kernels (the gate normally wants CUDA)."""
+    monkeypatch.setattr(snake, "fused", lambda x: x.dtype != torch.float64)
+    # The interpreter runs programs one by one in Python: fewer, larger blocks (same results).
+    monkeypatch.setattr(snake, "BLOCK", 1 << 16)
+    monkeypatch.setattr(mono_conv, "BLOCK_T", 4096)
+    with one_thread():
+        yield
+
+
+def laid_out(x: torch.Tensor, layout: str) -> torch.Tensor:
+    return x.transpose(1, 2).contiguous().transpose(1, 2) if layout == "channels_last" else x.contiguous()
+
+
+def close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-5) -> bool:
+    return a.shape == b.shape and (a - b).abs().max().item() <= tol * max(1.0, b.abs().max().item())
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_snake_and_residual_kernels_match_eager(layout, with_bias):
+    g = torch.Generator().manual_seed(0)
+    x = laid_out(torch.randn(3, 5, 37, generator=g) * 3, layout)
+    h = laid_out(torch.randn(3, 5, 37, generator=g), layout)
+    alpha, beta, bias = (torch.randn(5, generator=g) * 0.3 for _ in range(3))
+    b = bias if with_bias else None
+    y = snake.snake_beta(x, alpha, beta, b)
+    assert close(y, snake.snake_beta_eager(x, alpha, beta, b))
+    assert y.stride() == x.stride()  # the layout is kept
+    r = snake.residual_add(x, h, bias)
+    assert close(r, x + (h + bias[:, None])) and r.stride() == x.stride()
+    other = laid_out(h, "contiguous" if layout == "channels_last" else "channels_last")
+    assert close(snake.residual_add(x, other, bias), x + (h + bias[:, None]))  # mixed layouts
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("act", ["none", "snake", "snake+bias"])
+@pytest.mark.parametrize("pooled", [True, False], ids=["step", "whole-forward"])
+def test_history_cat_and_write_match_eager(layout, act, pooled):
+    """``cat([pool[slots], act(x + bias)])`` in one pass, then the per-row window of the valid
+    part written back to each row's slot; slots out of order, one row with no new samples."""
+    g = torch.Generator().manual_seed(1)
+    B, C, L, H, rate = 3, 6, 8, 5, 2
+    x = laid_out(torch.randn(B, C, L, generator=g), layout)
+    pool = torch.randn(7, C, H, generator=g)
+    slots = torch.tensor([5, 0, 3])
+    alpha, beta, bias = (torch.randn(C, generator=g) * 0.3 for _ in range(3))
+    params = (alpha, beta) if act != "none" else None
+    b = bias if act == "snake+bias" else None
+    hist = pool[slots] if pooled else torch.zeros(B, C, H)
+    expect = torch.cat([hist, snake.snake_beta_eager(x, alpha, beta, b) if params else x], dim=-1)
+    xx = history.history_cat(x, H, pool if pooled else None, slots if pooled else None, params, b)
+    assert close(xx, expect)
+    assert snake.is_channels_last(xx) == (layout == "channels_last")
+    if pooled:
+        n_new = torch.tensor([4, 0, 2])  # frames; x holds L = 4 frames at 2 samples each
+        want = pool.clone()
+        want[slots] = window(expect, n_new * rate, H, dim=-1)
+        history.history_write(pool, slots, xx, n_new, rate, H)
+        assert close(pool, want)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dilation", [1, 3])
+def test_mono_conv_matches_conv1d(layout, dilation):
+    g = torch.Generator().manual_seed(2)
+    x = laid_out(torch.randn(2, 96, 150, generator=g), layout)
+    w = laid_out(torch.randn(1, 96, 7, generator=g) * 0.1, layout)  # weights may be channels-last too
+    bias = torch.randn(1, generator=g)
+    assert close(mono_conv.mono_conv(x, w, bias, dilation), F.conv1d(x, w, bias, dilation=dilation), 1e-5)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_streaming_steps_through_the_kernels_equal_eager(monkeypatch, layout):
+    """A prefixed stream and a cold one, stepped together with ragged chunks, through every fused
+    kernel (and, channels-last, channels-last convs): the prefill and the steps give the same
+    audio as the eager path."""
+    codes = random_codes(24, SMALL, seed=3)
+    schedule = [(0, 1), (1, 4)]
+
+    def run(m) -> list[torch.Tensor]:
+        engine = StreamEngine(m, max_streams=2, max_step_frames=8)
+        engine.open("prefixed", codes[:13])  # longer than the conv stack's 10-frame horizon
+        engine.open("cold")
+        outs = []
+        for a, b in schedule:
+            step = engine.step({"prefixed": codes[13 + a : 13 + b], "cold": codes[2 * a : 2 * a + 2]})
+            outs += [step["prefixed"], step["cold"]]
+        return outs
+
+    m = model(SMALL, torch.float32)
+    fused = run(m if layout == "contiguous" else _channels_last_copy(m))
+    monkeypatch.setattr(snake, "fused", lambda x: False)
+    eager = run(m)
+    for a, b in zip(fused, eager):
+        assert close(a, b, 1e-5)
+
+
+def _channels_last_copy(m):
+    import copy
+
+    return copy.deepcopy(m).channels_last()
