@@ -1,0 +1,60 @@
+"""Where bf16 rounding error comes from: SNR of the bf16 decoder vs the float64 forward, with the
+front (dequantize, pre_conv, transformer) and the back (upsampling + conv decoder) each in bf16
+or float32. Same random weights for every variant. Runs on CPU (bf16 convs accumulate in fp32
+and round their outputs, as cuDNN's do).
+
+python bench/bf16_error.py --frames 12 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from code2wav.model.config import DecoderConfig  # noqa: E402
+from code2wav.model.decoder import Decoder  # noqa: E402
+from code2wav.model.init import random_decoder  # noqa: E402
+
+
+def snr_db(ref: torch.Tensor, x: torch.Tensor) -> float:
+    ref, x = ref.double(), x.double()
+    return 10 * torch.log10(ref.pow(2).sum() / (ref - x).pow(2).sum()).item()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--frames", type=int, default=12)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    cfg = DecoderConfig()
+    weights = random_decoder(cfg).state_dict()
+
+    def load(dtype: torch.dtype) -> Decoder:
+        m = Decoder(cfg)
+        m.load_state_dict(weights)
+        m.to(torch.float64 if dtype == torch.float64 else torch.float32)
+        m.fold_codebooks(dtype)
+        return m.to(dtype).eval()
+
+    codes = torch.randint(0, cfg.codebook_size, (1, cfg.num_quantizers, args.frames), generator=torch.Generator().manual_seed(args.seed))
+    models = {d: load(d) for d in (torch.float64, torch.float32, torch.bfloat16)}
+    with torch.no_grad():
+        ref = models[torch.float64](codes)[0, 0]
+        hidden = {d: models[d].front(codes) for d in (torch.float32, torch.bfloat16)}
+        print(f"{'front':<10}{'back':<10}{'SNR dB':>8}")
+        for front in (torch.bfloat16, torch.float32):
+            for back in (torch.bfloat16, torch.float32):
+                out = models[back].back(hidden[front].to(back))[0, 0]
+                print(f"{str(front)[6:]:<10}{str(back)[6:]:<10}{snr_db(ref, out):>8.1f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
