@@ -81,11 +81,20 @@ def _error_from_text(text: str) -> ServerError | None:
     return None
 
 
-# -- sync ----------------------------------------------------------------------------------------------
+def _checked(r):
+    """An httpx response, or its :class:`ServerError` if it is not a 200."""
+    if r.status_code != 200:
+        raise _http_error(r)
+    return r
 
 
-class Stream:
-    """One WebSocket stream (sync). Use as a context manager from :meth:`Client.stream`."""
+def _closed_error(e) -> ServerError:
+    code = e.rcvd.code if e.rcvd else None
+    return ServerError("closed", f"connection closed ({code})", close_code=code)
+
+
+class _StreamProtocol:
+    """What the sync and async streams share: the protocol's messages, without the I/O."""
 
     def __init__(self, url: str, api_key: str | None, request_id: str | None, prefix, format: str, open_timeout: float):
         self.url, self.api_key, self.request_id, self.prefix, self.format = url, api_key, request_id, prefix, format
@@ -94,23 +103,54 @@ class Stream:
         self.ws = None
         self.opened: dict | None = None
 
+    def _open_message(self) -> dict:
+        msg = {"op": "open", "format": self.format}
+        if self.request_id is not None:
+            msg["request_id"] = self.request_id
+        if self.prefix is not None:
+            msg["prefix"] = _codes_list(self.prefix)
+        return msg
+
+    def _accept_opened(self, reply: bytes | dict) -> None:
+        if not isinstance(reply, dict) or reply.get("type") != "opened":
+            raise ServerError("protocol", f"expected opened, got {reply!r}")
+        self.opened = reply
+        self.request_id = reply["request_id"]
+
+    @staticmethod
+    def _push_message(frames, binary: bool) -> bytes | str:
+        return frames_bytes(frames) if binary else json.dumps({"op": "push", "frames": _codes_list(frames)})
+
+    def _audio(self, msg: bytes | dict) -> np.ndarray:
+        if not isinstance(msg, bytes):
+            raise ServerError("protocol", f"expected audio, got {msg!r}")
+        return np.frombuffer(msg, dtype=self.dtype)
+
+    def _drained(self, pieces: list[np.ndarray], msg: bytes | dict) -> tuple[np.ndarray, dict] | None:
+        """Fold one message read while draining: audio is kept, ``done`` ends the drain with
+        (all the audio, the message), anything else is a protocol error."""
+        if isinstance(msg, bytes):
+            pieces.append(np.frombuffer(msg, dtype=self.dtype))
+            return None
+        if msg.get("type") == "done":
+            return (np.concatenate(pieces) if pieces else np.zeros(0, self.dtype)), msg
+        raise ServerError("protocol", f"unexpected message {msg!r}")
+
+
+# -- sync ----------------------------------------------------------------------------------------------
+
+
+class Stream(_StreamProtocol):
+    """One WebSocket stream (sync). Use as a context manager from :meth:`Client.stream`."""
+
     def __enter__(self) -> "Stream":
         from websockets.sync.client import connect
 
         # Entered as a context manager: websockets >= 17 warns on a bare connect().
         self.ws = connect(self.url, additional_headers=_headers(self.api_key), open_timeout=self.open_timeout, max_size=None, compression=None).__enter__()
         try:
-            msg = {"op": "open", "format": self.format}
-            if self.request_id is not None:
-                msg["request_id"] = self.request_id
-            if self.prefix is not None:
-                msg["prefix"] = _codes_list(self.prefix)
-            self.send_json(msg)
-            reply = self.recv()
-            if not isinstance(reply, dict) or reply.get("type") != "opened":
-                raise ServerError("protocol", f"expected opened, got {reply!r}")
-            self.opened = reply
-            self.request_id = reply["request_id"]
+            self.send_json(self._open_message())
+            self._accept_opened(self.recv())
         except BaseException:
             self.close()
             raise
@@ -148,8 +188,7 @@ class Stream:
         try:
             msg = self.ws.recv(timeout=timeout)
         except ConnectionClosed as e:
-            code = e.rcvd.code if e.rcvd else None
-            raise ServerError("closed", f"connection closed ({code})", close_code=code) from None
+            raise _closed_error(e) from None
         if isinstance(msg, bytes):
             return msg
         err = _error_from_text(msg)
@@ -165,29 +204,18 @@ class Stream:
 
     def push(self, frames, binary: bool = True) -> None:
         """Send new frames; their audio comes back through :meth:`recv_audio`."""
-        if binary:
-            self.send_raw(frames_bytes(frames))
-        else:
-            self.send_json({"op": "push", "frames": _codes_list(frames)})
+        self.send_raw(self._push_message(frames, binary))
 
     def recv_audio(self, timeout: float | None = 60) -> np.ndarray:
-        msg = self.recv(timeout)
-        if not isinstance(msg, bytes):
-            raise ServerError("protocol", f"expected audio, got {msg!r}")
-        return np.frombuffer(msg, dtype=self.dtype)
+        return self._audio(self.recv(timeout))
 
     def end(self, timeout: float | None = 60) -> tuple[np.ndarray, dict]:
         """Send ``end``; returns (the audio not yet received, the ``done`` message)."""
         self.send_json({"op": "end"})
-        pieces = []
-        while True:
-            msg = self.recv(timeout)
-            if isinstance(msg, bytes):
-                pieces.append(np.frombuffer(msg, dtype=self.dtype))
-            elif msg.get("type") == "done":
-                return (np.concatenate(pieces) if pieces else np.zeros(0, self.dtype)), msg
-            else:
-                raise ServerError("protocol", f"unexpected message {msg!r}")
+        pieces: list[np.ndarray] = []
+        while (result := self._drained(pieces, self.recv(timeout))) is None:
+            pass
+        return result
 
 
 class Client:
@@ -207,23 +235,14 @@ class Client:
         self.close()
 
     def health(self) -> dict:
-        r = self.http.get("/health")
-        if r.status_code != 200:
-            raise _http_error(r)
-        return r.json()
+        return _checked(self.http.get("/health")).json()
 
     def metrics(self) -> str:
-        r = self.http.get("/metrics")
-        if r.status_code != 200:
-            raise _http_error(r)
-        return r.text
+        return _checked(self.http.get("/metrics")).text
 
     def decode(self, codes, prefix=None, format: str = "wav", npy: bool = False) -> bytes:
         """POST /v1/decode; returns the whole body (wav / flac / pcm / f32le bytes)."""
-        r = self._post(codes, prefix, format, False, npy)
-        if r.status_code != 200:
-            raise _http_error(r)
-        return r.content
+        return _checked(self._post(codes, prefix, format, False, npy)).content
 
     def decode_stream(self, codes, prefix=None, format: str = "pcm") -> Iterator[bytes]:
         """POST /v1/decode with ``stream=true``; yields body chunks as the server sends them."""
@@ -270,32 +289,16 @@ class Client:
 # -- async ---------------------------------------------------------------------------------------------
 
 
-class AsyncStream:
+class AsyncStream(_StreamProtocol):
     """One WebSocket stream (asyncio). Use as an async context manager from :meth:`AsyncClient.stream`."""
-
-    def __init__(self, url: str, api_key: str | None, request_id: str | None, prefix, format: str, open_timeout: float):
-        self.url, self.api_key, self.request_id, self.prefix, self.format = url, api_key, request_id, prefix, format
-        self.open_timeout = open_timeout
-        self.dtype = SAMPLE_DTYPES[format]
-        self.ws = None
-        self.opened: dict | None = None
 
     async def __aenter__(self) -> "AsyncStream":
         from websockets.asyncio.client import connect
 
         self.ws = await connect(self.url, additional_headers=_headers(self.api_key), open_timeout=self.open_timeout, max_size=None, compression=None)
         try:
-            msg = {"op": "open", "format": self.format}
-            if self.request_id is not None:
-                msg["request_id"] = self.request_id
-            if self.prefix is not None:
-                msg["prefix"] = _codes_list(self.prefix)
-            await self.send_json(msg)
-            reply = await self.recv()
-            if not isinstance(reply, dict) or reply.get("type") != "opened":
-                raise ServerError("protocol", f"expected opened, got {reply!r}")
-            self.opened = reply
-            self.request_id = reply["request_id"]
+            await self.send_json(self._open_message())
+            self._accept_opened(await self.recv())
         except BaseException:
             await self.close()
             raise
@@ -333,8 +336,7 @@ class AsyncStream:
         try:
             msg = await asyncio.wait_for(self.ws.recv(), timeout)
         except ConnectionClosed as e:
-            code = e.rcvd.code if e.rcvd else None
-            raise ServerError("closed", f"connection closed ({code})", close_code=code) from None
+            raise _closed_error(e) from None
         if isinstance(msg, bytes):
             return msg
         err = _error_from_text(msg)
@@ -349,16 +351,10 @@ class AsyncStream:
         return json.loads(msg)
 
     async def push(self, frames, binary: bool = True) -> None:
-        if binary:
-            await self.send_raw(frames_bytes(frames))
-        else:
-            await self.send_json({"op": "push", "frames": _codes_list(frames)})
+        await self.send_raw(self._push_message(frames, binary))
 
     async def recv_audio(self, timeout: float | None = 60) -> np.ndarray:
-        msg = await self.recv(timeout)
-        if not isinstance(msg, bytes):
-            raise ServerError("protocol", f"expected audio, got {msg!r}")
-        return np.frombuffer(msg, dtype=self.dtype)
+        return self._audio(await self.recv(timeout))
 
     async def end(self, timeout: float | None = 60) -> tuple[np.ndarray, dict]:
         await self.send_json({"op": "end"})
@@ -366,15 +362,10 @@ class AsyncStream:
 
     async def drain(self, timeout: float | None = 60) -> tuple[np.ndarray, dict]:
         """Read audio until ``done``; returns (that audio, the ``done`` message)."""
-        pieces = []
-        while True:
-            msg = await self.recv(timeout)
-            if isinstance(msg, bytes):
-                pieces.append(np.frombuffer(msg, dtype=self.dtype))
-            elif msg.get("type") == "done":
-                return (np.concatenate(pieces) if pieces else np.zeros(0, self.dtype)), msg
-            else:
-                raise ServerError("protocol", f"unexpected message {msg!r}")
+        pieces: list[np.ndarray] = []
+        while (result := self._drained(pieces, await self.recv(timeout))) is None:
+            pass
+        return result
 
 
 class AsyncClient:
@@ -394,22 +385,13 @@ class AsyncClient:
         await self.aclose()
 
     async def health(self) -> dict:
-        r = await self.http.get("/health")
-        if r.status_code != 200:
-            raise _http_error(r)
-        return r.json()
+        return _checked(await self.http.get("/health")).json()
 
     async def metrics(self) -> str:
-        r = await self.http.get("/metrics")
-        if r.status_code != 200:
-            raise _http_error(r)
-        return r.text
+        return _checked(await self.http.get("/metrics")).text
 
     async def decode(self, codes, prefix=None, format: str = "wav") -> bytes:
-        r = await self.http.post("/v1/decode", json=_decode_body(codes, prefix, format, False))
-        if r.status_code != 200:
-            raise _http_error(r)
-        return r.content
+        return _checked(await self.http.post("/v1/decode", json=_decode_body(codes, prefix, format, False))).content
 
     async def decode_stream(self, codes, prefix=None, format: str = "pcm") -> AsyncIterator[bytes]:
         async with self.http.stream("POST", "/v1/decode", json=_decode_body(codes, prefix, format, True)) as r:
