@@ -53,16 +53,14 @@ def _decode_exact(model: Decoder, batch: Tensor, lens: Tensor, chunk: int, progr
     B, _, F = batch.shape
     spf = model.config.samples_per_frame
     out = torch.zeros(B, F * spf, dtype=p.dtype)
-    pool = StatePool(model, max_streams=max(B, 1))
-    slots_all = torch.arange(B, device=p.device)
+    pool = StatePool(model, max_streams=max(B, 1))  # item b lives in slot b
     for s in range(0, F, chunk):
         n_new = (lens - s).clamp(0, chunk)
         rows = (n_new > 0).nonzero().flatten()
         if rows.numel() == 0:
             break
         T = int(n_new.max())
-        codes = batch[rows, :, s : s + T].to(p.device)
-        wav = pool.run(model, codes, slots_all[rows.to(p.device)], n_new[rows].to(p.device))
+        wav = pool.run(model, batch[rows, :, s : s + T], rows, n_new[rows])
         out[rows, s * spf : (s + T) * spf] = wav.cpu()
         if progress:
             progress(T)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from code2wav.kernels import history, mono_conv, snake  # noqa: E402
-from code2wav.model.streaming import window  # noqa: E402
+from code2wav.kernels.history import window  # noqa: E402
 from code2wav.stream.engine import StreamEngine  # noqa: E402
 from tests.models import SMALL, model, one_thread, random_codes  # noqa: E402
 
@@ -34,7 +34,7 @@ def triton_on_cpu(monkeypatch):
 
 
 def laid_out(x: torch.Tensor, layout: str) -> torch.Tensor:
-    return x.transpose(1, 2).contiguous().transpose(1, 2) if layout == "channels_last" else x.contiguous()
+    return snake.to_layout(x, layout == "channels_last")
 
 
 def close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-5) -> bool:

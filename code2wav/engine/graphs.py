@@ -102,7 +102,7 @@ class GraphRunner:
             reason = "stream capture active"
         if reason is not None:  # eager, counted
             self.fallbacks[reason] += 1
-            return self.pool.run(self.model, codes.to(self.device), slots.to(self.device), n_new.to(self.device))
+            return self.pool.run(self.model, codes, slots, n_new)
         g = self.graphs[shape]
         g.codes.zero_()
         g.codes[:B, :, :T].copy_(codes, non_blocking=True)

@@ -36,6 +36,13 @@ def is_channels_last(x: Tensor) -> bool:
     return x.stride() == (L * C, 1, C) or (x.is_contiguous() and (L == 1 or C == 1))
 
 
+def to_layout(x: Tensor, channels_last: bool) -> Tensor:
+    """``x`` (same values and shape) stored channels-last or contiguous; no copy if it already is."""
+    if not channels_last:
+        return x.contiguous()
+    return x if is_channels_last(x) else x.transpose(1, 2).contiguous().transpose(1, 2)
+
+
 def dense(x: Tensor) -> tuple[Tensor, bool]:
     """``x`` in one of the two dense layouts, and whether it is channels-last."""
     if is_channels_last(x):
@@ -117,8 +124,7 @@ def residual_add(x: Tensor, h: Tensor, bias: Tensor) -> Tensor:
     if not fused(x):
         return x + (h + bias[:, None])
     x, cl = dense(x)
-    if is_channels_last(h) != cl or not (cl or h.is_contiguous()):
-        h = h.transpose(1, 2).contiguous().transpose(1, 2) if cl else h.contiguous()
+    h = to_layout(h, cl)  # the kernel walks both in x's memory order
     y = torch.empty_like(x)
     N = x.numel()
     _residual_kernel[(triton.cdiv(N, BLOCK),)](x, h, bias, y, N, x.shape[1], x.shape[2], CL=cl, BLOCK=BLOCK)

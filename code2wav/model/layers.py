@@ -11,15 +11,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from code2wav.kernels.mono_conv import mono_conv
-from code2wav.kernels.snake import residual_add, snake_beta
+from code2wav.kernels.snake import residual_add, snake_beta, to_layout
 from code2wav.model.streaming import Step, StreamingLayer
 
 
 def channels_last_(conv: nn.Module) -> None:
     """Store a conv's weight channels-last (same values and shape, [out, k, in] in memory): with
     channels-last activations, cuDNN then runs its NHWC kernels with no layout conversions."""
-    w = conv.weight
-    w.data = w.data.transpose(1, 2).contiguous().transpose(1, 2)
+    conv.weight.data = to_layout(conv.weight.data, channels_last=True)
 
 
 class CausalConv1d(StreamingLayer):
@@ -42,10 +41,7 @@ class CausalConv1d(StreamingLayer):
         ``act`` (with the previous conv's ``act_bias``) is applied to ``x`` first, fused with
         the history concat."""
         bias = self.conv.bias if add_bias else None
-        if self.history:
-            x = self._with_history(x, step, act, act_bias)
-        elif act is not None:
-            x = act(x, act_bias)
+        x = self._with_history(x, step, act, act_bias)
         if self.conv.out_channels == 1 and add_bias:  # the output conv: cuDNN is slow for one channel
             return mono_conv(x, self.conv.weight, bias, self.conv.dilation[0])
         # As a 2-D conv over [B, C, 1, L]: torch's conv1d picks its memory format from the 3-D
@@ -77,12 +73,8 @@ class CausalConvTranspose1d(StreamingLayer):
 
     def forward(self, x: Tensor, step: Step | None = None, act: SnakeBeta | None = None) -> Tensor:
         n = x.shape[-1] * self.stride
-        start = 0
-        if self.history:
-            x = self._with_history(x, step, act)
-            start = self.stride
-        elif act is not None:
-            x = act(x)
+        start = self.stride if self.history else 0  # the history's own output block is dropped
+        x = self._with_history(x, step, act)
         y = F.conv_transpose2d(x.unsqueeze(2), self.conv.weight.unsqueeze(2), None, stride=(1, self.stride)).squeeze(2)
         y = y[..., start : start + n]
         # Adding the bias to the trimmed view is also the copy that makes it dense (same layout).

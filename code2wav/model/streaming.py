@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from code2wav.kernels.history import history_cat, history_write, window  # noqa: F401 (window: re-exported)
+from code2wav.kernels.history import history_cat, history_write
 
 
 @dataclass
@@ -60,7 +60,10 @@ class StreamingLayer(nn.Module):
     def _with_history(self, x: Tensor, step: Step | None, act: "nn.Module | None" = None, bias: Tensor | None = None) -> Tensor:
         """``[history, act(x + bias)]`` along time, the history read from this layer's pool entry
         (zeros without a step); then the last ``history`` samples of each row's valid part are
-        written back. ``act`` is a SnakeBeta fused into the same pass (see kernels/history.py)."""
+        written back. ``act`` is a SnakeBeta fused into the same pass (see kernels/history.py).
+        A layer without history gets ``act(x + bias)`` alone."""
+        if not self.history:
+            return x if act is None else act(x, bias)
         params = (act.alpha, act.beta) if act is not None else None
         if step is None:
             return history_cat(x, self.history, act=params, bias=bias)

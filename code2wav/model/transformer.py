@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from code2wav.model.config import DecoderConfig
-from code2wav.model.streaming import Step, StreamingLayer, window
+from code2wav.kernels.history import window
+from code2wav.model.streaming import Step, StreamingLayer
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from code2wav.codes import CodesError, as_frames
 from code2wav.model.decoder import Decoder
-from code2wav.model.streaming import window
+from code2wav.kernels.history import window
 from code2wav.stream.pool import PoolFull, StatePool
 
 Mode = Literal["exact", "windowed", "full"]
@@ -244,8 +244,7 @@ class StreamEngine:
 
     def _run_eager(self, codes: Tensor, slots: Tensor, n_new: Tensor) -> Tensor:
         assert self.pool is not None
-        dev = self.device
-        return self.pool.run(self.model, codes.to(dev), slots.to(dev), n_new.to(dev))
+        return self.pool.run(self.model, codes, slots, n_new)
 
     @torch.no_grad()
     def _prefill(self, streams: list[_Stream]) -> None:

@@ -30,6 +30,7 @@ class StatePool:
         device = torch.device(device) if device is not None else p.device
         dtype = dtype or p.dtype
         self.max_streams = max_streams
+        self.device = device
         rows = max_streams + 1
         self.scratch_slot = max_streams
         self.buffers: dict[str, Tensor] = {
@@ -72,8 +73,10 @@ class StatePool:
 
     @torch.no_grad()
     def run(self, model: Decoder, codes: Tensor, slots: Tensor, n_new: Tensor) -> Tensor:
-        """One streaming step of ``model`` over rows ``slots`` (device tensors); advances their
-        positions. Pure device work with static shapes: this is what a CUDA graph captures."""
+        """One streaming step of ``model`` over rows ``slots``; advances their positions. Inputs
+        are moved to the pool's device (a no-op for device tensors, so this stays pure device
+        work with static shapes: what a CUDA graph captures)."""
+        codes, slots, n_new = codes.to(self.device), slots.to(self.device), n_new.to(self.device)
         step = Step(self.buffers, slots, n_new, self.position.index_select(0, slots))
         wav = model(codes, step)
         self.position.index_add_(0, slots, n_new)
