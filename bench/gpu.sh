@@ -7,7 +7,8 @@
 #                              memory by budget and a 10-minute offline decode
 #   bash bench/gpu.sh stream   all four modes side by side (prefix 0 and 72), bf16 offline
 #                              ours vs official
-#   bash bench/gpu.sh perf     quick checks, step profile, exact-graph at budgets 128 and 512 [~450 s]
+#   bash bench/gpu.sh perf     quick checks, step profile, exact-graph at budgets 128 and 512,
+#                              prefix 72 at c=16/256                              [~500 s]
 #   bash bench/gpu.sh service  the service (bench --server, load test) vs in-process   [~160 s]
 #   bash bench/gpu.sh offline64  fp32 batch-64 offline, ours vs official, cuDNN heuristics [~60 s]
 set -uo pipefail
@@ -48,12 +49,14 @@ stream)
   echo "=== summary ==="; tail -n 42 "$OUT/bench.txt"; tail -n 4 "$OUT/offline.txt"
   ;;
 perf)
-  timeout 200 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
-  timeout 200 python3 bench/profile_step.py bfloat16 2>&1 | tee "$OUT/profile.txt"
+  timeout 110 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
+  timeout 150 python3 bench/profile_step.py bfloat16 2>&1 | tee "$OUT/profile.txt"
   for budget in 128 512; do
-    timeout 150 python3 -m code2wav.bench --modes exact-graph --levels 1,16,64,256 --frames 101 --max-batch-frames $budget --out "$OUT/budget$budget" 2>&1 | tee "$OUT/bench$budget.txt"
+    timeout 110 python3 -m code2wav.bench --modes exact-graph --levels 1,16,64,256 --frames 101 --max-batch-frames $budget --out "$OUT/budget$budget" 2>&1 | tee "$OUT/bench$budget.txt"
   done
-  echo "=== summary ==="; checks_summary; grep -B1 -A8 "eager ms" "$OUT/profile.txt"; tail -n 5 "$OUT"/bench*.txt
+  timeout 90 python3 -m code2wav.bench --modes exact-graph --levels 16,256 --frames 101 --prefix 72 --out "$OUT/prefix" 2>&1 | tee "$OUT/bench_prefix.txt"
+  echo "=== summary ==="; checks_summary; grep -B1 -A8 "eager ms" "$OUT/profile.txt"; grep -E -- "^(---|A/B)" "$OUT/profile.txt"
+  tail -n 5 "$OUT"/bench*.txt
   ;;
 service)
   start_server; get /health; service_bench

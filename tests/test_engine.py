@@ -174,11 +174,12 @@ def test_buckets_respect_frame_budget_and_pool():
     buckets = plan_buckets((1, 2, 4, 8, 16, 32, 64, 128, 256), (1, 2, 4, 8, 16, 25, 32), 512, 100)
     assert all(b * t <= 512 and b <= 100 for b, t in buckets)
     assert (64, 8) in buckets and (16, 32) in buckets and (128, 4) not in buckets
+    assert (20, 25) in buckets and (100, 5) not in buckets  # the budget-filling batch per frames bucket
 
 
 @pytest.mark.parametrize(
     "batch,frames,expect",
-    [(1, 1, (1, 1)), (3, 1, (4, 1)), (5, 20, (8, 25)), (16, 25, (16, 25)), (17, 25, None), (1, 26, (1, 32)), (1, 33, None), (64, 3, (64, 4))],
+    [(1, 1, (1, 1)), (3, 1, (4, 1)), (5, 20, (8, 25)), (16, 25, (16, 25)), (17, 25, (20, 25)), (21, 25, None), (1, 26, (1, 32)), (1, 33, None), (64, 3, (64, 4))],
 )
 def test_pick_bucket_takes_least_padded_work(batch, frames, expect):
     buckets = plan_buckets((1, 2, 4, 8, 16, 32, 64), (1, 2, 4, 8, 16, 25, 32), 512, 64)

@@ -16,59 +16,47 @@ import torch
 from torch import Tensor
 
 from code2wav.kernels import snake
-from code2wav.kernels.snake import dense, empty_time, is_channels_last, snake_beta_eager, triton
+from code2wav.kernels.snake import empty_time, fast_sin, is_channels_last, snake_beta_eager, tile_shape, triton
 
 if triton is not None:
     import triton.language as tl
 
-    from code2wav.kernels.snake import snake_value
+    from code2wav.kernels.snake import snake_params, snake_value, tile
 
     @triton.jit
     def _history_cat_kernel(
         out_ptr, x_ptr, pool_ptr, slots_ptr, alpha_ptr, beta_ptr, bias_ptr,
-        N, C, H, T, sxb, sxc, sxt,
-        CL: tl.constexpr, HAS_POOL: tl.constexpr, HAS_ACT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+        C, H, T, sob, soc, sot, sxb, sxc, sxt, spn, spc, spt,
+        HAS_POOL: tl.constexpr, HAS_ACT: tl.constexpr, HAS_BIAS: tl.constexpr, FAST_SIN: tl.constexpr,
+        BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr,
     ):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < N
-        if CL:  # out is [B, T, C] in memory
-            c = offs % C
-            t = (offs // C) % T
-        else:  # [B, C, T]
-            t = offs % T
-            c = (offs // T) % C
-        b = offs // (C * T)
-        in_hist = t < H
-        xm = mask & (t >= H)
+        t, c, m = tile(T, C, BLOCK_L, BLOCK_C)  # t: output time, history first
+        b = tl.program_id(2)
+        xm = m & (t >= H)
         x = tl.load(x_ptr + b * sxb + c * sxc + (t - H) * sxt, mask=xm, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            x += tl.load(bias_ptr + c, mask=c < C, other=0.0).to(tl.float32)
         if HAS_ACT:
-            x = snake_value(x, c, xm, alpha_ptr, beta_ptr, bias_ptr, HAS_BIAS, out_ptr.dtype.element_ty)
+            a, inv_b = snake_params(alpha_ptr, beta_ptr, c, C)
+            x = snake_value(x, a, inv_b, FAST_SIN)
         if HAS_POOL:
-            hm = mask & in_hist
-            slot = tl.load(slots_ptr + b, mask=hm, other=0)
-            h = tl.load(pool_ptr + slot * (C * H) + c * H + t, mask=hm, other=0.0).to(tl.float32)
+            slot = tl.load(slots_ptr + b)
+            h = tl.load(pool_ptr + slot * spn + c * spc + t * spt, mask=m & (t < H), other=0.0).to(tl.float32)
         else:
-            h = tl.zeros([BLOCK], dtype=tl.float32)
-        tl.store(out_ptr + offs, tl.where(in_hist, h, x).to(out_ptr.dtype.element_ty), mask=mask)
+            h = tl.zeros([BLOCK_L, BLOCK_C], dtype=tl.float32)
+        tl.store(out_ptr + b * sob + c * soc + t * sot, tl.where(t < H, h, x).to(out_ptr.dtype.element_ty), mask=m)
 
     @triton.jit
     def _history_write_kernel(
-        pool_ptr, slots_ptr, n_new_ptr, xx_ptr, N, C, H, sxb, sxc, sxt, RATE,
-        CL: tl.constexpr, BLOCK: tl.constexpr,
+        pool_ptr, slots_ptr, n_new_ptr, xx_ptr, C, H, sxb, sxc, sxt, spn, spc, spt, RATE,
+        BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr,
     ):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < N
-        if CL:  # walk xx's memory order
-            c = offs % C
-            j = (offs // C) % H
-        else:
-            j = offs % H
-            c = (offs // H) % C
-        b = offs // (C * H)
-        start = tl.load(n_new_ptr + b, mask=mask, other=0) * RATE
-        v = tl.load(xx_ptr + b * sxb + c * sxc + (start + j) * sxt, mask=mask)
-        slot = tl.load(slots_ptr + b, mask=mask, other=0)
-        tl.store(pool_ptr + slot * (C * H) + c * H + j, v, mask=mask)
+        j, c, m = tile(H, C, BLOCK_L, BLOCK_C)
+        b = tl.program_id(2)
+        start = tl.load(n_new_ptr + b) * RATE
+        slot = tl.load(slots_ptr + b)
+        v = tl.load(xx_ptr + b * sxb + c * sxc + (start + j) * sxt, mask=m)
+        tl.store(pool_ptr + slot * spn + c * spc + j * spt, v.to(pool_ptr.dtype.element_ty), mask=m)
 
 
 def history_cat(x: Tensor, history: int, pool: Tensor | None = None, slots: Tensor | None = None,
@@ -85,13 +73,15 @@ def history_cat(x: Tensor, history: int, pool: Tensor | None = None, slots: Tens
     T = history + L
     cl = is_channels_last(x)  # x itself is read through its strides, whatever they are
     out = empty_time(x, T, cl)
-    N = out.numel()
     dummy = x  # never read: the flags below switch those loads off
     alpha, beta = act if act is not None else (dummy, dummy)
-    _history_cat_kernel[(triton.cdiv(N, snake.BLOCK),)](
+    bl, bc = tile_shape(C, T, cl)
+    _history_cat_kernel[(triton.cdiv(T, bl), triton.cdiv(C, bc), B)](
         out, x, pool if pool is not None else dummy, slots if slots is not None else dummy, alpha, beta,
-        bias if bias is not None else dummy, N, C, history, T, *x.stride(),
-        CL=cl, HAS_POOL=pool is not None, HAS_ACT=act is not None, HAS_BIAS=bias is not None, BLOCK=snake.BLOCK,
+        bias if bias is not None else dummy, C, history, T, *out.stride(), *x.stride(),
+        *(pool.stride() if pool is not None else (0, 0, 0)),
+        HAS_POOL=pool is not None, HAS_ACT=act is not None, HAS_BIAS=bias is not None, FAST_SIN=fast_sin(x),
+        BLOCK_L=bl, BLOCK_C=bc,
     )
     return out
 
@@ -112,9 +102,8 @@ def history_write(pool: Tensor, slots: Tensor, xx: Tensor, n_new: Tensor, rate: 
     if not snake.fused(xx):
         pool.index_copy_(0, slots, window(xx, n_new * rate, history, dim=-1).to(pool.dtype))
         return
-    xx, cl = dense(xx)
     B, C, _ = xx.shape
-    N = B * C * history
-    _history_write_kernel[(triton.cdiv(N, snake.BLOCK),)](
-        pool, slots, n_new, xx, N, C, history, *xx.stride(), rate, CL=cl, BLOCK=snake.BLOCK
+    bl, bc = tile_shape(C, history, is_channels_last(xx))
+    _history_write_kernel[(triton.cdiv(history, bl), triton.cdiv(C, bc), B)](
+        pool, slots, n_new, xx, C, history, *xx.stride(), *pool.stride(), rate, BLOCK_L=bl, BLOCK_C=bc
     )

@@ -210,9 +210,16 @@ class StreamEngine:
 
     def _decode_exact(self, rows: list[tuple[_Stream, Tensor]]) -> list[Tensor]:
         """Pieces of at most ``max_step_frames`` per row; rows grouped so that one step holds at
-        most ``max_batch_frames`` padded frames (bounds activation memory)."""
+        most ``max_batch_frames`` padded frames (bounds activation memory).
+
+        On CUDA the groups are pipelined: inputs go up from pinned memory and audio comes down
+        into pinned memory asynchronously, in stream order, with one synchronisation at the end.
+        A pageable copy would synchronise the stream on every group, leaving the GPU idle while
+        Python assembles the next group (and a graph's output buffer is only valid until its
+        next replay, which the in-order copy respects)."""
         spf = self.cfg.samples_per_frame
-        pieces: list[list[Tensor]] = [[] for _ in rows]
+        pin = self.device.type == "cuda"
+        pieces: list[list[tuple[Tensor, int]]] = [[] for _ in rows]
         done = [0] * len(rows)
         while True:
             active = [i for i, (_, fr) in enumerate(rows) if done[i] < fr.shape[0]]
@@ -222,16 +229,21 @@ class StreamEngine:
             take = {i: min(rows[i][1].shape[0] - done[i], piece) for i in active}
             for group in _groups(active, take, self._max_rows):
                 n = [take[i] for i in group]
-                codes = torch.zeros(len(group), self.cfg.num_quantizers, max(n), dtype=torch.long)
+                codes = torch.zeros(len(group), self.cfg.num_quantizers, max(n), dtype=torch.long, pin_memory=pin)
                 for j, i in enumerate(group):
                     codes[j, :, : n[j]] = rows[i][1][done[i] : done[i] + n[j]].T
-                slots = torch.tensor([rows[i][0].slot for i in group])
-                wav = self.runner(codes, slots, torch.tensor(n)).cpu()
+                meta = torch.tensor([[rows[i][0].slot for i in group], n])
+                slots, n_new = (meta.pin_memory() if pin else meta).unbind(0)
+                wav = self.runner(codes, slots, n_new)
+                if pin:
+                    wav = torch.empty(wav.shape, dtype=wav.dtype, pin_memory=True).copy_(wav, non_blocking=True)
                 for j, i in enumerate(group):
-                    pieces[i].append(wav[j, : n[j] * spf])
+                    pieces[i].append((wav[j], n[j] * spf))
             for i in active:
                 done[i] += take[i]
-        return [torch.cat(p) for p in pieces]
+        if pin:
+            torch.cuda.current_stream(self.device).synchronize()
+        return [torch.cat([w[:k] for w, k in p]) for p in pieces]
 
     def _eager_max_rows(self, frames: int) -> int:
         return max(1, self.max_batch_frames // frames)

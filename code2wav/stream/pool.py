@@ -75,8 +75,8 @@ class StatePool:
     def run(self, model: Decoder, codes: Tensor, slots: Tensor, n_new: Tensor) -> Tensor:
         """One streaming step of ``model`` over rows ``slots``; advances their positions. Inputs
         are moved to the pool's device (a no-op for device tensors, so this stays pure device
-        work with static shapes: what a CUDA graph captures)."""
-        codes, slots, n_new = codes.to(self.device), slots.to(self.device), n_new.to(self.device)
+        work with static shapes: what a CUDA graph captures; asynchronous from pinned memory)."""
+        codes, slots, n_new = (t.to(self.device, non_blocking=True) for t in (codes, slots, n_new))
         step = Step(self.buffers, slots, n_new, self.position.index_select(0, slots))
         wav = model(codes, step)
         self.position.index_add_(0, slots, n_new)
