@@ -44,10 +44,9 @@ class CausalConv1d(StreamingLayer):
         x = self._with_history(x, step, act, act_bias)
         if self.conv.out_channels == 1 and add_bias:  # the output conv: cuDNN is slow for one channel
             return mono_conv(x, self.conv.weight, bias, self.conv.dilation[0])
-        w = self.conv.weight
         # As a 2-D conv over [B, C, 1, L]: torch's conv1d picks its memory format from the 3-D
         # tensors (always contiguous) and would copy channels-last activations on every call.
-        w = w.unsqueeze(2)
+        w = self.conv.weight.unsqueeze(2)
         return F.conv2d(x.unsqueeze(2), w, bias, dilation=(1, self.conv.dilation[0]), groups=self.conv.groups).squeeze(2)
 
 
