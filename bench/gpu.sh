@@ -3,8 +3,8 @@
 # 2026-11-29 runs in brackets). Run from the repo root on the device machine, carrying .whl:
 #   bash bench/gpu.sh [final]  checks (quick), step profile, exact-graph bench with and without
 #                              a 72-frame prefix, the service at c=1/64           [~300 s]
-#   bash bench/gpu.sh check    every GPU check, incl. graph == eager for every bucket, graph
-#                              memory by budget and a 10-minute offline decode
+#   bash bench/gpu.sh check    every GPU check, incl. graph == eager for every bucket and a
+#                              10-minute offline decode; graph memory by budget; prefix 72 [~550 s]
 #   bash bench/gpu.sh stream   all four modes side by side (prefix 0 and 72), bf16 offline
 #                              ours vs official
 #   bash bench/gpu.sh perf     quick checks, step profile, exact-graph at budgets 128 and 512,
@@ -40,8 +40,10 @@ final)
   tail -n 9 "$OUT/bench.txt"; tail -n 3 "$OUT/service.txt"
   ;;
 check)
-  python3 bench/gpu_check.py 2>&1 | tee "$OUT/gpu_check.txt"
-  echo "=== summary ==="; checks_summary
+  timeout 280 python3 bench/gpu_check.py 2>&1 | tee "$OUT/gpu_check.txt"
+  timeout 200 python3 bench/graph_memory.py 2>&1 | tee "$OUT/graph_memory.txt"
+  timeout 90 python3 -m code2wav.bench --modes exact-graph --levels 16,256 --frames 101 --prefix 72 --out "$OUT/prefix" 2>&1 | tee "$OUT/bench_prefix.txt"
+  echo "=== summary ==="; checks_summary; cat "$OUT/graph_memory.txt"; tail -n 3 "$OUT/bench_prefix.txt"
   ;;
 stream)
   timeout 400 python3 -m code2wav.bench --levels 1,4,16,64,256 --frames 101 --prefix 0,72 --out "$OUT" 2>&1 | tee "$OUT/bench.txt"

@@ -75,7 +75,7 @@ def main() -> int:
     for name, mod in (("contiguous", m32), ("channels-last", m32cl)):  # the chunk sizes' buckets only
         e = StreamEngine(mod, max_streams=2)
         e.runner = GraphRunner(mod, e.pool, batch_sizes=(1,), frame_sizes=(1, 4, 25), max_batch_frames=32)
-        e.runner.capture()
+        e.runner.capture(e.prefill_shapes())
         err = ((stream(e, "x", codes, 40, [1, 25, 25, 25, 4]).double() - ref).abs().max() / ref.abs().max()).item()
         check(f"graph fp32 stream ({name} convs) vs fp64 forward", err <= 1e-4, f"max err / peak {err:.2e} (prefix 40, chunks 1,25,25,25,4)")
     del m32cl, e
@@ -83,7 +83,7 @@ def main() -> int:
     # 3. bf16 graph stream SNR vs fp32.
     engb = StreamEngine(mbf, max_streams=2)
     rb = GraphRunner(mbf, engb.pool, batch_sizes=(1,), frame_sizes=(1, 4, 25), max_batch_frames=32)
-    rb.capture()
+    rb.capture(engb.prefill_shapes())
     engb.runner = rb
     outb = stream(engb, "x", codes, 40, [1, 25, 25, 25, 4])
     snr = snr_db(ref, outb.float())
@@ -118,7 +118,7 @@ def main() -> int:
     graph = StreamEngine(m32, max_streams=64, max_batch_frames=512)
     gr = GraphRunner(m32, graph.pool, max_batch_frames=512)
     t0 = time.perf_counter()
-    gr.capture()
+    gr.capture(graph.prefill_shapes())
     graph.runner = gr
     check("capture fp32 (all buckets, b<=64)", True, f"{len(gr.graphs)} graphs in {time.perf_counter() - t0:.1f}s, pool {gr.memory_bytes() / 2**20:.0f} MiB")
     errs: dict[tuple[int, int], float] = {}
@@ -145,14 +145,7 @@ def main() -> int:
     del gr, graph, eager
     torch.cuda.empty_cache()
 
-    # 4b. Graph memory by frame budget (bf16, batch buckets up to 256).
-    for budget in (128, 256, 512):
-        e = StreamEngine(mbf, max_streams=256)
-        r = GraphRunner(mbf, e.pool, max_batch_frames=budget)
-        r.capture()
-        print(f"INFO graph pool bf16 budget {budget} frames: {len(r.graphs)} graphs, {r.memory_bytes() / 2**20:.0f} MiB; state pool {e.pool.nbytes / 2**20:.0f} MiB for 256 streams", flush=True)
-        del r, e
-        torch.cuda.empty_cache()
+    # (Graph memory by frame budget: bench/graph_memory.py.)
 
     # 5. Memory of a 10-minute offline decode (bf16): bounded by the piece size, not the length.
     from code2wav.offline import decode

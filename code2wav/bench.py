@@ -66,7 +66,7 @@ def build_engine(model: Decoder, mode: str, max_streams: int, max_batch_frames: 
         from code2wav.engine.graphs import GraphRunner
 
         runner = GraphRunner(model, core.pool, max_batch_frames=max_batch_frames)
-        runner.capture()
+        runner.capture(core.prefill_shapes())
         core.runner = runner
     return core
 

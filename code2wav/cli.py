@@ -335,7 +335,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         from code2wav.engine.graphs import GraphRunner
 
         runner = GraphRunner(model, core.pool, max_batch_frames=core.max_batch_frames)
-        runner.capture()
+        runner.capture(core.prefill_shapes())
         core.runner = runner
     limits = Limits(
         max_message_bytes=args.max_message_bytes,

@@ -56,6 +56,9 @@ def test_snake_and_residual_kernels_match_eager(layout, with_bias):
     assert close(r, x + (h + bias[:, None])) and r.stride() == x.stride()
     other = laid_out(h, "contiguous" if layout == "channels_last" else "channels_last")
     assert close(snake.residual_add(x, other, bias), x + (h + bias[:, None]))  # mixed layouts
+    trimmed = x[..., 3:30]  # a strided view, as a trimmed ConvTranspose output is
+    y = snake.bias_add(trimmed, bias)
+    assert close(y, trimmed + bias[:, None]) and snake.is_channels_last(y) == (layout == "channels_last")
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

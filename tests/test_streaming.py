@@ -227,6 +227,37 @@ def test_prefixes_of_streams_opening_together_are_prefilled_in_one_batch(small64
     assert max_err(engine.push("late", codes[25:27]), ref[25 * SPF : 27 * SPF]) <= 1e-9
 
 
+def test_bucketed_prefill_uses_only_the_shapes_a_graph_runner_captured(small64):
+    """On CUDA the prefill's front and back passes replay graphs captured at start for
+    ``prefill_shapes()``: every pass must have one of those shapes (else a request would wait
+    for a capture or a cuDNN autotune), and a runner without a graph for it (``None``) falls
+    back to the eager pass. The audio is exact either way."""
+    m, codes, ref = small64
+    engine = StreamEngine(m, max_streams=8, max_step_frames=16, max_batch_frames=40)
+    engine.bucket_prefill = True
+    seen: list[tuple[str, int, int]] = []
+
+    class Runner:  # a GraphRunner stand-in: records the shapes; "replays" front, has no back graph
+        def __call__(self, codes, slots, n_new):
+            return engine.pool.run(m, codes, slots, n_new)
+
+        def prefill(self, kind, x, slots, n_new):
+            seen.append((kind, x.shape[0], x.shape[-1]))
+            return engine.pool.front(m, x, slots, n_new) if kind == "front" else None
+
+    engine.runner = Runner()
+    prefixes = [1, 3, 9, 10, 40, 0, 17]
+    for i, p in enumerate(prefixes):
+        engine.open(f"s{i}", codes[:p])
+    out = engine.step({f"s{i}": codes[p : p + 2] for i, p in enumerate(prefixes)})
+    for i, p in enumerate(prefixes):
+        assert max_err(out[f"s{i}"], ref[p * SPF : (p + 2) * SPF]) <= 1e-9, (i, p)
+    shapes = set(engine.prefill_shapes())
+    assert {kind for kind, _, _ in seen} == {"front", "back"}
+    assert set(seen) <= shapes, set(seen) - shapes
+    assert max(b for _, b, _ in shapes) * engine.back_context <= 40  # within the frame budget
+
+
 def test_prefill_batches_respect_the_frame_budget(small64):
     """The prefill's conv pass holds at most ``max_batch_frames`` frames (rows x back context):
     more opening streams are split into several exact passes."""

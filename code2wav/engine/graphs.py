@@ -47,14 +47,13 @@ def pick_bucket(buckets: list[tuple[int, int]], batch: int, frames: int) -> tupl
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
-    codes: Tensor
-    slots: Tensor
-    n_new: Tensor
+    inputs: tuple[Tensor, ...]  # static: (codes or hidden frames, slots, n_new)
     out: Tensor
 
 
 class GraphRunner:
-    """Drop-in ``StreamEngine.runner`` that replays captured graphs."""
+    """Drop-in ``StreamEngine.runner`` that replays captured graphs (and, for the engine's
+    batched prefill, graphs of the front and back halves alone)."""
 
     def __init__(
         self,
@@ -70,30 +69,44 @@ class GraphRunner:
             raise ValueError("CUDA graphs need the model on a CUDA device")
         self.buckets = plan_buckets(batch_sizes, frame_sizes, max_batch_frames, pool.max_streams)
         self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.prefill_graphs: dict[tuple[str, int, int], _Graph] = {}
         self.mempool = torch.cuda.graph_pool_handle()
         self.hits = 0
         self.fallbacks: Counter[str] = Counter()
 
     @torch.no_grad()
-    def capture(self) -> None:
-        """Warm up and capture every bucket, largest first so smaller graphs reuse its memory."""
+    def capture(self, prefill_shapes: list[tuple[str, int, int]] = ()) -> None:
+        """Warm up and capture every bucket, largest first so smaller graphs reuse its memory;
+        then the prefill passes' shapes (``StreamEngine.prefill_shapes()``)."""
         q = self.model.config.num_quantizers
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         for b, t in sorted(self.buckets, key=lambda bt: -bt[0] * bt[1]):
             codes = torch.zeros(b, q, t, dtype=torch.long, device=self.device)
-            slots = torch.full((b,), self.pool.scratch_slot, dtype=torch.long, device=self.device)
-            n_new = torch.zeros(b, dtype=torch.long, device=self.device)
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # warm-up: kernels compiled, allocator primed
-                    self.pool.run(self.model, codes, slots, n_new)
-            stream.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self.mempool, stream=stream):
-                out = self.pool.run(self.model, codes, slots, n_new)
-            self.graphs[(b, t)] = _Graph(g, codes, slots, n_new, out)
+            self.graphs[(b, t)] = self._capture(stream, self.pool.run, codes)
+        for kind, b, t in prefill_shapes:
+            if kind == "front":
+                x = torch.zeros(b, q, t, dtype=torch.long, device=self.device)
+            else:  # hidden frames, laid out as the front's output is
+                x = self.model.front(torch.zeros(b, q, t, dtype=torch.long, device=self.device)).zero_()
+            self.prefill_graphs[(kind, b, t)] = self._capture(stream, getattr(self.pool, kind), x)
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
+
+    def _capture(self, stream: torch.cuda.Stream, fn, x: Tensor) -> _Graph:
+        """A graph of ``fn(model, x, slots, n_new)`` on scratch rows with no new frames (so the
+        warm-up and capture runs change no stream's state)."""
+        b = x.shape[0]
+        slots = torch.full((b,), self.pool.scratch_slot, dtype=torch.long, device=self.device)
+        n_new = torch.zeros(b, dtype=torch.long, device=self.device)
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up: kernels compiled, cuDNN tuned, allocator primed
+                fn(self.model, x, slots, n_new)
+        stream.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=self.mempool, stream=stream):
+            out = fn(self.model, x, slots, n_new)
+        return _Graph(g, (x, slots, n_new), out)
 
     def __call__(self, codes: Tensor, slots: Tensor, n_new: Tensor) -> Tensor:
         B, _, T = codes.shape
@@ -107,15 +120,29 @@ class GraphRunner:
             self.fallbacks[reason] += 1
             return self.pool.run(self.model, codes, slots, n_new)
         g = self.graphs[shape]
-        g.codes.zero_()
-        g.codes[:B, :, :T].copy_(codes, non_blocking=True)
-        g.slots.fill_(self.pool.scratch_slot)
-        g.slots[:B].copy_(slots, non_blocking=True)
-        g.n_new.zero_()
-        g.n_new[:B].copy_(n_new, non_blocking=True)
+        codes_in, slots_in, n_in = g.inputs
+        codes_in.zero_()
+        codes_in[:B, :, :T].copy_(codes, non_blocking=True)
+        slots_in.fill_(self.pool.scratch_slot)
+        slots_in[:B].copy_(slots, non_blocking=True)
+        n_in.zero_()
+        n_in[:B].copy_(n_new, non_blocking=True)
         g.graph.replay()
         self.hits += 1
         return g.out[:B, : T * self.model.config.samples_per_frame]
+
+    def prefill(self, kind: str, x: Tensor, slots: Tensor, n_new: Tensor) -> Tensor | None:
+        """Replay the ``kind`` ("front"/"back") prefill graph of exactly ``x``'s shape; None (and
+        a counted fallback) where none was captured: the caller runs the pass eagerly."""
+        g = self.prefill_graphs.get((kind, x.shape[0], x.shape[-1]))
+        if g is None or torch.cuda.is_current_stream_capturing():
+            self.fallbacks[f"{kind} prefill shape" if g is None else "stream capture active"] += 1
+            return None
+        for dst, src in zip(g.inputs, (x, slots, n_new)):
+            dst.copy_(src, non_blocking=True)
+        g.graph.replay()
+        self.hits += 1
+        return g.out.clone()  # the static output is overwritten by the next replay
 
     @property
     def max_frames(self) -> int | None:
@@ -128,7 +155,7 @@ class GraphRunner:
         return max(rows) if rows else None
 
     def stats(self) -> dict[str, object]:
-        return {"graphs": len(self.graphs), "hits": self.hits, "fallbacks": dict(self.fallbacks)}
+        return {"graphs": len(self.graphs), "prefill_graphs": len(self.prefill_graphs), "hits": self.hits, "fallbacks": dict(self.fallbacks)}
 
     def memory_bytes(self) -> int:
         """Bytes the shared graph memory pool holds (reserved by the caching allocator)."""

@@ -121,13 +121,14 @@ if triton is not None:
 
     @triton.jit
     def _residual_kernel(x_ptr, h_ptr, bias_ptr, y_ptr, C, L, sxb, sxc, sxt, shb, shc, sht, syb, syc, syt,
-                         BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr):
+                         HAS_X: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr):
         t, c, m = tile(L, C, BLOCK_L, BLOCK_C)
         b = tl.program_id(2)
         h = tl.load(h_ptr + b * shb + c * shc + t * sht, mask=m).to(tl.float32)
         h += tl.load(bias_ptr + c, mask=c < C, other=0.0).to(tl.float32)
-        x = tl.load(x_ptr + b * sxb + c * sxc + t * sxt, mask=m).to(tl.float32)
-        tl.store(y_ptr + b * syb + c * syc + t * syt, (x + h).to(y_ptr.dtype.element_ty), mask=m)
+        if HAS_X:
+            h += tl.load(x_ptr + b * sxb + c * sxc + t * sxt, mask=m).to(tl.float32)
+        tl.store(y_ptr + b * syb + c * syc + t * syt, h.to(y_ptr.dtype.element_ty), mask=m)
 
 
 def _grid(B: int, C: int, L: int, tile_l: int, tile_c: int) -> tuple[int, int, int]:
@@ -159,5 +160,19 @@ def residual_add(x: Tensor, h: Tensor, bias: Tensor) -> Tensor:
     cl = is_channels_last(x)
     y = empty_time(x, L, cl)
     bl, bc = tile_shape(C, L, cl)
-    _residual_kernel[_grid(B, C, L, bl, bc)](x, h, bias, y, C, L, *x.stride(), *h.stride(), *y.stride(), BLOCK_L=bl, BLOCK_C=bc)
+    _residual_kernel[_grid(B, C, L, bl, bc)](x, h, bias, y, C, L, *x.stride(), *h.stride(), *y.stride(), HAS_X=True, BLOCK_L=bl, BLOCK_C=bc)
+    return y
+
+
+def bias_add(h: Tensor, bias: Tensor) -> Tensor:
+    """``h + bias`` per channel into a new dense tensor, channels-last if ``h``'s channels are
+    contiguous (``h`` may be a strided view, e.g. a trimmed ConvTranspose output): the trim's
+    copy and the bias in one coalesced pass."""
+    if not fused(h):
+        return h + bias[:, None]
+    B, C, L = h.shape
+    cl = h.stride(1) == 1 and C > 1
+    y = empty_time(h, L, cl)
+    bl, bc = tile_shape(C, L, cl)
+    _residual_kernel[_grid(B, C, L, bl, bc)](h, h, bias, y, C, L, *h.stride(), *h.stride(), *y.stride(), HAS_X=False, BLOCK_L=bl, BLOCK_C=bc)
     return y

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from code2wav.kernels.mono_conv import mono_conv
-from code2wav.kernels.snake import residual_add, snake_beta, to_layout
+from code2wav.kernels.snake import bias_add, residual_add, snake_beta, to_layout
 from code2wav.model.streaming import Step, StreamingLayer
 
 
@@ -76,9 +76,8 @@ class CausalConvTranspose1d(StreamingLayer):
         start = self.stride if self.history else 0  # the history's own output block is dropped
         x = self._with_history(x, step, act)
         y = F.conv_transpose2d(x.unsqueeze(2), self.conv.weight.unsqueeze(2), None, stride=(1, self.stride)).squeeze(2)
-        y = y[..., start : start + n]
         # Adding the bias to the trimmed view is also the copy that makes it dense (same layout).
-        return y + self.conv.bias[:, None]
+        return bias_add(y[..., start : start + n], self.conv.bias)
 
 
 class SnakeBeta(nn.Module):

@@ -258,6 +258,22 @@ class StreamEngine:
         assert self.pool is not None
         return self.pool.run(self.model, codes, slots, n_new)
 
+    def prefill_shapes(self) -> list[tuple[str, int, int]]:
+        """Every (pass, rows, frames) shape ``_prefill`` runs on CUDA, where rows and frames are
+        bucketed: what a graph runner captures so that no request pays for a new shape."""
+        K, group_rows = self.back_context, self._prefill_rows()
+        rows = [1 << i for i in range(group_rows.bit_length())]
+        return [("front", b, self.max_step_frames) for b in rows] + [("back", b, K) for b in rows]
+
+    def _prefill_rows(self) -> int:
+        return min(_bucket(max(1, self.max_batch_frames // max(self.back_context, 1)), floor=True), _bucket(self.max_streams))
+
+    def _pass(self, kind: str, x: Tensor, slots: Tensor, n_new: Tensor) -> Tensor:
+        """``pool.front`` / ``pool.back`` through the runner's graphs where it has one."""
+        graphs = getattr(self.runner, "prefill", None)
+        out = graphs(kind, x, slots, n_new) if graphs is not None else None
+        return out if out is not None else getattr(self.pool, kind)(self.model, x, slots, n_new)
+
     @torch.no_grad()
     def _prefill(self, streams: list[_Stream]) -> None:
         """Build the state of streams opened with a reference prefix, all in one batch: the
@@ -265,11 +281,12 @@ class StreamEngine:
         only each prefix's last ``back_context`` frames, which is enough to make its state exact.
 
         Deferred from ``open`` to the stream's first step so that streams opening together share
-        these passes instead of queueing one eager prefill each. Rows are padded to bucketed
-        shapes (scratch rows with no new frames), so cuDNN tunes a bounded set of shapes."""
+        these passes instead of queueing one prefill each. On CUDA, rows and frames are padded to
+        the shapes of ``prefill_shapes`` (scratch rows, causal padding), which a graph runner has
+        captured."""
         assert self.pool is not None
         K = self.back_context
-        group_rows = _bucket(max(1, self.max_batch_frames // max(K, 1)), floor=True)
+        group_rows = self._prefill_rows()
         for g in range(0, len(streams), group_rows):
             group = streams[g : g + group_rows]
             prefixes = [st.prefix for st in group]
@@ -285,9 +302,7 @@ class StreamEngine:
                 n = [min(max(P - done, 0), t) for P in lengths]
                 for b, p in enumerate(prefixes):
                     codes[b, :, : n[b]] = p[done : done + n[b]].T
-                n_new = torch.tensor(n, device=self.device)
-                hidden.append(self.model.front(codes.to(self.device), self.pool.step(slots, n_new))[..., :t])
-                self.pool.advance(slots, n_new)
+                hidden.append(self._pass("front", codes, slots, torch.tensor(n, device=self.device))[..., :t])
                 done += t
             h = torch.cat(hidden, dim=-1)
             if h.shape[-1] < K:  # every prefix is shorter than the horizon: pad (causal, unread)
@@ -295,7 +310,7 @@ class StreamEngine:
             tail_n = torch.tensor([min(P, K) for P in lengths], device=self.device)
             starts = torch.tensor([P - min(P, K) for P in lengths], device=self.device)
             tail = window(h, starts, K, dim=-1)  # row b: its last min(P_b, K) frames, left-aligned
-            self.model.back(tail, self.pool.step(slots, tail_n))
+            self._pass("back", tail, slots, tail_n)
 
     def _decode_baseline(self, rows: list[tuple[_Stream, Tensor]]) -> list[Tensor]:
         """``windowed``/``full``: the plain forward over (context + new), right-padded batch,

@@ -71,20 +71,37 @@ class StatePool:
             b[slot].zero_()
         self.position[slot] = 0
 
+    def _inputs(self, *tensors: Tensor) -> list[Tensor]:
+        # A no-op for device tensors (so a pass stays pure device work with static shapes: what
+        # a CUDA graph captures); asynchronous from pinned memory.
+        return [t.to(self.device, non_blocking=True) for t in tensors]
+
     @torch.no_grad()
     def run(self, model: Decoder, codes: Tensor, slots: Tensor, n_new: Tensor) -> Tensor:
-        """One streaming step of ``model`` over rows ``slots``; advances their positions. Inputs
-        are moved to the pool's device (a no-op for device tensors, so this stays pure device
-        work with static shapes: what a CUDA graph captures; asynchronous from pinned memory)."""
-        codes, slots, n_new = (t.to(self.device, non_blocking=True) for t in (codes, slots, n_new))
+        """One streaming step of ``model`` over rows ``slots``; advances their positions."""
+        codes, slots, n_new = self._inputs(codes, slots, n_new)
         step = Step(self.buffers, slots, n_new, self.position.index_select(0, slots))
         wav = model(codes, step)
         self.position.index_add_(0, slots, n_new)
         return wav[:, 0]
 
+    @torch.no_grad()
+    def front(self, model: Decoder, codes: Tensor, slots: Tensor, n_new: Tensor) -> Tensor:
+        """The transformer half of a step alone (a reference prefix's prefill); advances positions.
+        Returns the hidden frames [B, latent_dim, T]."""
+        codes, slots, n_new = self._inputs(codes, slots, n_new)
+        hidden = model.front(codes, self.step(slots, n_new))
+        self.advance(slots, n_new)
+        return hidden
+
+    @torch.no_grad()
+    def back(self, model: Decoder, hidden: Tensor, slots: Tensor, n_new: Tensor) -> Tensor:
+        """The conv half of a step alone over hidden frames (positions are not used there)."""
+        hidden, slots, n_new = self._inputs(hidden, slots, n_new)
+        return model.back(hidden, self.step(slots, n_new))[:, 0]
+
     def step(self, slots: Tensor, n_new: Tensor) -> Step:
-        """A step over ``slots`` for partial passes (``front`` or ``back`` alone); the caller
-        advances positions with :meth:`advance` after ``front``."""
+        """A step over ``slots`` for partial passes (``front`` or ``back`` alone)."""
         return Step(self.buffers, slots, n_new, self.position.index_select(0, slots))
 
     def advance(self, slots: Tensor, n_new: Tensor) -> None:

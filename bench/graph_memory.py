@@ -1,0 +1,70 @@
+"""What the graph pool holds per frame of budget, and whether capping cuDNN's workspace shrinks it.
+
+For each (cuDNN workspace cap, frame budget) a fresh process (the cap is read from the environment
+by torch's cuDNN conv) captures the 25-frame bucket that fills the budget and a 1-frame bucket,
+then reports the graph pool, the activations' peak and the replay time. Run on the H200:
+``python3 bench/graph_memory.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+
+def child(budget: int) -> None:
+    import torch
+
+    from code2wav.engine.graphs import GraphRunner
+    from code2wav.model.config import DecoderConfig
+    from code2wav.model.init import random_decoder
+    from code2wav.model.loading import configure_cuda
+    from code2wav.stream.engine import StreamEngine
+
+    configure_cuda(torch.bfloat16)
+    m = random_decoder(DecoderConfig())
+    m.fold_codebooks(torch.bfloat16)
+    m = m.to("cuda", torch.bfloat16).eval().requires_grad_(False).channels_last()
+    eng = StreamEngine(m, max_streams=256, max_batch_frames=budget)
+    rows = budget // 25
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    codes, slots, n_new = torch.randint(0, 2048, (rows, 16, 25)), torch.arange(rows), torch.full((rows,), 25)
+    eng._run_eager(codes, slots, n_new)
+    torch.cuda.synchronize()
+    eager_peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+    r = GraphRunner(m, eng.pool, batch_sizes=(1,), frame_sizes=(1, 25), max_batch_frames=budget)
+    r.capture()
+    for _ in range(3):
+        r(codes, slots, n_new)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        r(codes, slots, n_new)
+    torch.cuda.synchronize()
+    ms = (time.perf_counter() - t0) / 10 * 1e3
+    pool = r.memory_bytes() / 2**20
+    x = rows * 25 / ms * 1e3 / 12.5
+    print(f"{os.environ.get('CUDNN_CONV_WSCAP_DBG', '-'):>8}{budget:>7}{rows:>5}{eager_peak:>12.0f}{pool:>10.0f}{pool / budget:>10.2f}{ms:>9.2f}{x:>8.0f}", flush=True)
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child(int(sys.argv[2]))
+        return 0
+    print(f"{'ws cap':>8}{'budget':>7}{'rows':>5}{'eager MiB':>12}{'pool MiB':>10}{'MiB/frm':>10}{'ms':>9}{'x RT':>8}", flush=True)
+    for cap in (None, "256", "32"):
+        for budget in (128, 256, 512):
+            env = dict(os.environ)
+            if cap is not None:
+                env["CUDNN_CONV_WSCAP_DBG"] = cap
+            else:
+                env.pop("CUDNN_CONV_WSCAP_DBG", None)
+            subprocess.run([sys.executable, __file__, "--child", str(budget)], env=env, timeout=120, check=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
