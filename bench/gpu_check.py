@@ -114,13 +114,14 @@ def main() -> int:
         return 1 if failures else 0
 
     # 4. Graph replay == eager for every captured shape (fp32: differences are real, not bf16 noise).
-    eager = StreamEngine(m32, max_streams=64, max_batch_frames=512)
-    graph = StreamEngine(m32, max_streams=64, max_batch_frames=512)
-    gr = GraphRunner(m32, graph.pool, max_batch_frames=512)
+    # (Bucket sizes trimmed so the check fits one device call; the capture logic is the same.)
+    eager = StreamEngine(m32, max_streams=8, max_step_frames=32, max_batch_frames=128)
+    graph = StreamEngine(m32, max_streams=8, max_step_frames=32, max_batch_frames=128)
+    gr = GraphRunner(m32, graph.pool, batch_sizes=(1, 2, 8), frame_sizes=(1, 4, 25), max_batch_frames=128)
     t0 = time.perf_counter()
     gr.capture(graph.prefill_shapes())
     graph.runner = gr
-    check("capture fp32 (all buckets, b<=64)", True, f"{len(gr.graphs)} graphs in {time.perf_counter() - t0:.1f}s, pool {gr.memory_bytes() / 2**20:.0f} MiB")
+    check("capture fp32 (buckets b in 1,2,8 + fill, t in 1,4,25; prefill shapes)", True, f"{len(gr.graphs)} graphs in {time.perf_counter() - t0:.1f}s, pool {gr.memory_bytes() / 2**20:.0f} MiB")
     errs: dict[tuple[int, int], float] = {}
     for b, t in sorted(gr.graphs):
         rows = max(1, b - 1) if b > 1 else 1  # one fewer than the bucket: exercises row padding

@@ -108,7 +108,7 @@ def run(
     schedule: list[int] | None = None,
     prefix_frames: int = 0,
     stagger_s: float = 0.002,
-    max_batch_frames: int = 128,
+    max_batch_frames: int = 256,
     progress: bool = True,
 ) -> list[Result]:
     schedule = schedule or [1, 25]
@@ -218,7 +218,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stagger-ms", type=float, default=2.0)
     p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=True,
                    help="CUDA: run the conv stack channels-last (the default; --no-channels-last: contiguous)")
-    p.add_argument("--max-batch-frames", type=int, default=128, help="padded frames per step; sets the graph pool size (128: ~0.6 GiB bf16, 512: ~2.8 GiB)")
+    p.add_argument("--max-batch-frames", type=int, default=256, help="padded frames per graph; sets the graph pool size (bf16 H200: 128 -> 0.5 GiB, 256 -> 1.0 GiB, 512 -> 1.6 GiB)")
     p.add_argument("--out", default="bench-out", help="directory for results.json and plot.png")
     p.add_argument("--server", default=None, help="measure a running code2wav serve at this URL instead (TTFP at the client)")
     p.add_argument("--api-key", default=None, help="bearer token for --server")
