@@ -19,7 +19,7 @@ def main() -> int:
     dtype = getattr(torch, sys.argv[1] if len(sys.argv) > 1 else "bfloat16")
     layouts = sys.argv[2].split(",") if len(sys.argv) > 2 else ["channels_last"]  # the CUDA default
     configure_cuda(dtype)
-    shapes = [(1, 1), (16, 1), (1, 25), (5, 25), (16, 25), (20, 25), (64, 8)]
+    shapes = [(1, 1), (16, 1), (1, 25), (5, 25), (10, 25), (16, 25), (20, 25), (64, 8)]
     g = torch.Generator().manual_seed(0)
     for layout in layouts:  # the same step, conv weights stored either way
         m = random_decoder(DecoderConfig())
@@ -28,7 +28,7 @@ def main() -> int:
         if layout == "channels_last":
             m.channels_last()
         eng = StreamEngine(m, max_streams=64, max_batch_frames=512)
-        runner = GraphRunner(m, eng.pool, batch_sizes=(1, 5, 16, 64), frame_sizes=(1, 8, 25), max_batch_frames=512)
+        runner = GraphRunner(m, eng.pool, batch_sizes=(1, 5, 10, 16, 64), frame_sizes=(1, 8, 25), max_batch_frames=512)
         runner.capture()
         print(f"conv weights {layout}; graph pool {runner.memory_bytes() / 2**20:.0f} MiB at 512 frames")
         print(f"{'B':>4}{'T':>4}{'eager ms':>10}{'graph ms':>10}{'frames/s graph':>16}{'x RT':>8}")
@@ -50,30 +50,6 @@ def main() -> int:
             fps = b * t / res["graph"] * 1e3
             print(f"{b:>4}{t:>4}{res['eager']:>10.2f}{res['graph']:>10.2f}{fps:>16.0f}{fps / 12.5:>8.0f}", flush=True)
         del runner
-    # A/B of the kernel knobs: each variant recaptured, graph time of a big and a 1-frame step.
-    from code2wav.kernels import snake
-
-    for name, mod, attr in (("approximate sin", snake, "APPROX_SIN"),):
-        times = {}
-        for on in (True, False):
-            setattr(mod, attr, on)
-            r = GraphRunner(m, eng.pool, batch_sizes=(1, 16), frame_sizes=(1, 25), max_batch_frames=512)
-            r.capture()
-            for b, t in ((1, 1), (16, 25)):
-                codes, slots, n_new = torch.randint(0, 2048, (b, 16, t), generator=g), torch.arange(b), torch.full((b,), t)
-                for _ in range(3):
-                    r(codes, slots, n_new)
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                for _ in range(20):
-                    r(codes, slots, n_new)
-                torch.cuda.synchronize()
-                times[(on, b, t)] = (time.perf_counter() - t0) / 20 * 1e3
-            del r
-        setattr(mod, attr, True)
-        print(f"A/B {name}: 1x1 {times[(True, 1, 1)]:.2f} ms on vs {times[(False, 1, 1)]:.2f} off; "
-              f"16x25 {times[(True, 16, 25)]:.2f} ms on vs {times[(False, 16, 25)]:.2f} off", flush=True)
-
     from torch.profiler import ProfilerActivity, profile
 
     for b, t, rows in ((16, 25, 24), (1, 1, 16)):  # where a big step's time goes; what a 1-frame step launches
