@@ -1,9 +1,9 @@
 """What the graph pool holds per frame of budget, and whether capping cuDNN's workspace shrinks it.
 
-For each (cuDNN workspace cap, frame budget) a fresh process (the cap is read from the environment
+For each (cuDNN workspace cap or allocator setting, frame budget) a fresh process (the cap is read from the environment
 by torch's cuDNN conv) captures the 25-frame bucket that fills the budget and a 1-frame bucket,
 then reports the graph pool, the activations' peak and the replay time. Run on the H200:
-``python3 bench/graph_memory.py``.
+``python3 bench/graph_memory.py`` (workspace caps) or ``python3 bench/graph_memory.py expandable 256 512``.
 """
 
 from __future__ import annotations
@@ -47,22 +47,26 @@ def child(budget: int) -> None:
     ms = (time.perf_counter() - t0) / 10 * 1e3
     pool = r.memory_bytes() / 2**20
     x = rows * 25 / ms * 1e3 / 12.5
-    print(f"{os.environ.get('CUDNN_CONV_WSCAP_DBG', '-'):>8}{budget:>7}{rows:>5}{eager_peak:>12.0f}{pool:>10.0f}{pool / budget:>10.2f}{ms:>9.2f}{x:>8.0f}", flush=True)
+    setting = os.environ.get("CUDNN_CONV_WSCAP_DBG") or ("expand" if "expandable" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") else "-")
+    print(f"{setting:>8}{budget:>7}{rows:>5}{eager_peak:>12.0f}{pool:>10.0f}{pool / budget:>10.2f}{ms:>9.2f}{x:>8.0f}", flush=True)
 
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child(int(sys.argv[2]))
         return 0
-    print(f"{'ws cap':>8}{'budget':>7}{'rows':>5}{'eager MiB':>12}{'pool MiB':>10}{'MiB/frm':>10}{'ms':>9}{'x RT':>8}", flush=True)
-    for cap in (None, "256", "32"):
-        for budget in (128, 256, 512):
-            env = dict(os.environ)
-            if cap is not None:
-                env["CUDNN_CONV_WSCAP_DBG"] = cap
-            else:
-                env.pop("CUDNN_CONV_WSCAP_DBG", None)
-            subprocess.run([sys.executable, __file__, "--child", str(budget)], env=env, timeout=120, check=False)
+    # argv: "expandable B [B ...]" runs only the allocator's expandable segments at budgets B
+    if len(sys.argv) > 2 and sys.argv[1] == "expandable":
+        settings = [("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True", int(b)) for b in sys.argv[2:]]
+    else:
+        settings = [("CUDNN_CONV_WSCAP_DBG", cap, b) for cap in (None, "256", "32") for b in (128, 256, 512)]
+    print(f"{'setting':>8}{'budget':>7}{'rows':>5}{'eager MiB':>12}{'pool MiB':>10}{'MiB/frm':>10}{'ms':>9}{'x RT':>8}", flush=True)
+    for var, value, budget in settings:
+        env = dict(os.environ)
+        env.pop(var, None)
+        if value is not None:
+            env[var] = value
+        subprocess.run([sys.executable, __file__, "--child", str(budget)], env=env, timeout=120, check=False)
     return 0
 
 

@@ -106,7 +106,7 @@ def run(
     levels: list[int],
     frames: int = 101,
     schedule: list[int] | None = None,
-    prefix_frames: int = 0,
+    prefixes: tuple[int, ...] = (0,),
     stagger_s: float = 0.002,
     max_batch_frames: int = 256,
     progress: bool = True,
@@ -117,10 +117,10 @@ def run(
     results: list[Result] = []
     from tqdm import tqdm
 
-    bar = tqdm(total=len(modes) * len(levels), disable=not progress, desc="bench")
+    bar = tqdm(total=len(modes) * len(levels) * len(prefixes), disable=not progress, desc="bench")
     for mode in modes:
         if mode == "exact-graph" and not cuda:
-            bar.update(len(levels))
+            bar.update(len(levels) * len(prefixes))
             continue
         if cuda:
             torch.cuda.empty_cache()
@@ -130,41 +130,42 @@ def run(
             torch.backends.cudnn.benchmark = mode == "exact-graph"
         core = build_engine(model, mode, max(levels), max_batch_frames)
         graph_mb = core.runner.memory_bytes() / 2**20 if mode == "exact-graph" else 0.0  # type: ignore[union-attr]
-        # One untimed warm-up run per engine (allocator, cudnn autotune, lazy init).
-        asyncio.run(_workload(core, min(4, max(levels)), min(frames, 30), schedule, prefix_frames, 0.0, seed=99))
-        for c in levels:
-            if cuda:
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-            wall, samples, ttfp, stats = asyncio.run(_workload(core, c, frames, schedule, prefix_frames, stagger_s, seed=c))
-            runner = core.runner
-            hits = getattr(runner, "hits", 0)
-            fb = sum(getattr(runner, "fallbacks", {}).values())
-            audio_s = samples / core.cfg.sample_rate
-            results.append(
-                Result(
-                    mode=mode,
-                    concurrency=c,
-                    prefix_frames=prefix_frames,
-                    streams=c,
-                    audio_s=audio_s,
-                    wall_s=wall,
-                    throughput_x=audio_s / wall,
-                    step_p50_ms=_pct(stats.step_seconds, 50),
-                    step_p99_ms=_pct(stats.step_seconds, 99),
-                    ttfp_p50_ms=_pct(ttfp, 50),
-                    ttfp_p99_ms=_pct(ttfp, 99),
-                    steps=stats.steps,
-                    mem_weights_mb=weights_mb,
-                    mem_state_pool_mb=(core.pool.nbytes / 2**20) if core.pool is not None else 0.0,
-                    mem_graph_pool_mb=graph_mb,
-                    mem_peak_mb=torch.cuda.max_memory_allocated() / 2**20 if cuda else float("nan"),
-                    graph_hits=hits,
-                    graph_fallbacks=fb,
+        for prefix_frames in prefixes:  # one engine (one capture) per mode, every prefix
+            # One untimed warm-up run per engine and prefix (allocator, cudnn autotune, lazy init).
+            asyncio.run(_workload(core, min(4, max(levels)), min(frames, 30), schedule, prefix_frames, 0.0, seed=99))
+            for c in levels:
+                if cuda:
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                wall, samples, ttfp, stats = asyncio.run(_workload(core, c, frames, schedule, prefix_frames, stagger_s, seed=c))
+                runner = core.runner
+                hits = getattr(runner, "hits", 0)
+                fb = sum(getattr(runner, "fallbacks", {}).values())
+                audio_s = samples / core.cfg.sample_rate
+                results.append(
+                    Result(
+                        mode=mode,
+                        concurrency=c,
+                        prefix_frames=prefix_frames,
+                        streams=c,
+                        audio_s=audio_s,
+                        wall_s=wall,
+                        throughput_x=audio_s / wall,
+                        step_p50_ms=_pct(stats.step_seconds, 50),
+                        step_p99_ms=_pct(stats.step_seconds, 99),
+                        ttfp_p50_ms=_pct(ttfp, 50),
+                        ttfp_p99_ms=_pct(ttfp, 99),
+                        steps=stats.steps,
+                        mem_weights_mb=weights_mb,
+                        mem_state_pool_mb=(core.pool.nbytes / 2**20) if core.pool is not None else 0.0,
+                        mem_graph_pool_mb=graph_mb,
+                        mem_peak_mb=torch.cuda.max_memory_allocated() / 2**20 if cuda else float("nan"),
+                        graph_hits=hits,
+                        graph_fallbacks=fb,
+                    )
                 )
-            )
-            print(json.dumps(asdict(results[-1])), flush=True)  # kept even if a later level is cut off
-            bar.update(1)
+                print(json.dumps(asdict(results[-1])), flush=True)  # kept even if a later level is cut off
+                bar.update(1)
         del core
     bar.close()
     return results
@@ -258,8 +259,8 @@ def main(args: argparse.Namespace) -> int:
     levels = [int(x) for x in args.levels.split(",")]
     chunks = [int(x) for x in args.chunks.split(",")]
     results: list[Result] = []
-    for pfx in [int(x) for x in args.prefix.split(",")]:
-        results += run(model, modes, levels, args.frames, chunks, pfx, args.stagger_ms / 1e3, args.max_batch_frames)
+    prefixes = tuple(int(x) for x in args.prefix.split(","))
+    results += run(model, modes, levels, args.frames, chunks, prefixes, args.stagger_ms / 1e3, args.max_batch_frames)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu", "dtype": args.dtype, "torch": torch.__version__,
