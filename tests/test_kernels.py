@@ -3,7 +3,9 @@
 Each fused kernel must equal the eager formula it replaces, for both activation layouts the conv
 stack uses (contiguous ``[B, C, L]`` and channels-last ``[B, L, C]`` in memory), with and without
 the optional fused SnakeBeta and bias, and the whole streaming step run through them must equal
-the eager step. Real-GPU numerics (bf16, cuDNN) are checked by ``bench/gpu_check.py`` on the H200.
+the eager step. The transformer's kernels (norms, RoPE + KV history, SiLU gate) likewise.
+Real-GPU numerics (bf16, cuDNN) are checked by ``bench/gpu_check.py`` on the H200 (the interpreter
+rounds float32 -> bfloat16 toward zero, a GPU to nearest: bf16 errors here would mislead).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from code2wav.kernels import history, mono_conv, snake  # noqa: E402
+from code2wav.kernels import transformer as tk  # noqa: E402
 from code2wav.kernels.history import window  # noqa: E402
+from code2wav.model.transformer import Rotary  # noqa: E402
 from code2wav.stream.engine import StreamEngine  # noqa: E402
 from tests.models import SMALL, model, one_thread, random_codes  # noqa: E402
 
@@ -125,3 +129,58 @@ def _channels_last_copy(m):
     import copy
 
     return copy.deepcopy(m).channels_last()
+
+
+# -- the transformer's kernels -------------------------------------------------------------------
+
+
+def test_norm_kernels_match_eager():
+    """RMSNorm, and residual + layer scale + RMSNorm in one pass; a width that is not a power of
+    two (masked lanes) and values far from unit scale."""
+    g = torch.Generator().manual_seed(4)
+    x, h = torch.randn(3, 5, 48, generator=g) * 3, torch.randn(3, 5, 48, generator=g)
+    scale, w = torch.randn(48, generator=g) * 0.3, 1 + torch.randn(48, generator=g) * 0.1
+    eps = 1e-5
+    assert close(tk.rms_norm(x, w, eps), tk.rms_norm_eager(x, w, eps))
+    xo, n = tk.add_rms_norm(x, h, scale, w, eps)
+    want = x + scale * h
+    assert close(xo, want)
+    assert close(n, tk.rms_norm_eager(want, w, eps))
+
+
+def test_silu_mul_matches_eager():
+    g = torch.Generator().manual_seed(5)
+    gu = torch.randn(3, 5, 2 * 40, generator=g) * 4
+    gate, up = gu.chunk(2, dim=-1)
+    assert close(tk.silu_mul(gu), F.silu(gate) * up)
+
+
+@pytest.mark.parametrize("pooled", [True, False], ids=["step", "whole-forward"])
+def test_rope_kv_cat_and_write_match_eager(pooled):
+    """RoPE on q and k from the fused qkv output, keys/values prepended with each row's pool
+    history (slots out of order), then each row's last W valid rows written back (ragged n_new,
+    one row with none). 4 query heads over 2 kv heads: heads without kv must write q only."""
+    g = torch.Generator().manual_seed(6)
+    B, T, H, Hkv, D, W = 3, 4, 4, 2, 16, 5
+    qkv = torch.randn(B, T, (H + 2 * Hkv) * D, generator=g)
+    start = torch.tensor([0, 7, 300])
+    cos, sin = Rotary(D, 10000.0)(start[:, None] + torch.arange(T))
+    pool_k, pool_v = torch.randn(7, Hkv, W, D, generator=g), torch.randn(7, Hkv, W, D, generator=g)
+    slots, n_new = torch.tensor([5, 0, 3]), torch.tensor([4, 0, 2])
+    # Today's Attention.forward, op by op.
+    q = qkv[..., : H * D].view(B, T, H, D).transpose(1, 2)
+    k = qkv[..., H * D : (H + Hkv) * D].view(B, T, Hkv, D).transpose(1, 2)
+    v = qkv[..., (H + Hkv) * D :].view(B, T, Hkv, D).transpose(1, 2)
+    q, k = tk.rotate_eager(q, cos, sin), tk.rotate_eager(k, cos, sin)
+    if pooled:
+        k, v = torch.cat([pool_k[slots], k], dim=2), torch.cat([pool_v[slots], v], dim=2)
+    qq, kk, vv = tk.rope_kv_cat(qkv, H, Hkv, cos, sin, *((pool_k, pool_v, slots) if pooled else ()))
+    assert close(qq, q) and close(kk, k) and close(vv, v)
+    assert kk.is_contiguous() and vv.is_contiguous() and qq.stride(-1) == 1
+    if pooled:
+        want_k, want_v = pool_k.clone(), pool_v.clone()
+        want_k[slots] = window(k, n_new, W, dim=2)
+        want_v[slots] = window(v, n_new, W, dim=2)
+        tk.kv_write(pool_k, pool_v, slots, kk, vv, n_new)
+        assert close(pool_k, want_k) and close(pool_v, want_v)  # slots 1, 2, 4, 6 untouched too
+

@@ -13,14 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from code2wav.model.config import DecoderConfig
 from code2wav.kernels.history import window
+from code2wav.kernels.transformer import rms_norm_eager, rotate_eager
+from code2wav.model.config import DecoderConfig
 from code2wav.model.streaming import Step, StreamingLayer
-
-
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Norms, softmax and RoPE run in fp32 at least (fp64 stays fp64)."""
-    return torch.promote_types(dtype, torch.float32)
 
 
 class RMSNorm(nn.Module):
@@ -30,9 +26,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        h = x.to(_acc_dtype(x.dtype))
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        return rms_norm_eager(x, self.weight, self.eps)
 
 
 class LayerScale(nn.Module):
@@ -56,14 +50,6 @@ class Rotary(nn.Module):
         freqs = positions.float()[..., None] * self.inv_freq.float()
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos(), emb.sin()  # [B, T, head_dim]
-
-
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    acc = _acc_dtype(x.dtype)
-    h = x.to(acc)
-    x1, x2 = h.chunk(2, dim=-1)
-    rotated = torch.cat([-x2, x1], dim=-1)
-    return (h * cos[:, None].to(acc) + rotated * sin[:, None].to(acc)).to(x.dtype)
 
 
 class Attention(StreamingLayer):
@@ -98,7 +84,7 @@ class Attention(StreamingLayer):
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
-        q, k = _rotate(q, *rope), _rotate(k, *rope)
+        q, k = rotate_eager(q, *rope), rotate_eager(k, *rope)
         if step is not None:
             W = self.history
             k = torch.cat([step.gather(f"{self.state_key}.k").to(k.dtype), k], dim=2)
