@@ -32,6 +32,7 @@ def load(weights: dict, dtype: torch.dtype, device: str) -> Decoder:
     m.load_state_dict(weights)
     m.to(torch.float64 if dtype == torch.float64 else torch.float32)
     m.fold_codebooks(dtype)
+    m.pre_transformer.fuse_projections()
     m = m.to(device=device, dtype=dtype).eval().requires_grad_(False)
     return m.channels_last() if device.startswith("cuda") else m
 

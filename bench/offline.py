@@ -68,6 +68,7 @@ def main() -> int:
         ours = Decoder(DecoderConfig())
         ours.load_state_dict(weights)
         ours.fold_codebooks(dtype)  # folded from the fp32 weights, then cast once
+        ours.pre_transformer.fuse_projections()
         ours = ours.to(args.device, dtype).eval()
         if args.device.startswith("cuda"):
             ours.channels_last()

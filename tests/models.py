@@ -39,6 +39,7 @@ def model(cfg: DecoderConfig = SMALL, dtype: torch.dtype = torch.float64, seed: 
     m.load_state_dict(_weights(cfg, seed))
     m.to(torch.float64 if dtype == torch.float64 else torch.float32)
     m.fold_codebooks(dtype)
+    m.pre_transformer.fuse_projections()
     return m.to(dtype).eval().requires_grad_(False)
 
 

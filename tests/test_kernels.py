@@ -3,7 +3,10 @@
 Each fused kernel must equal the eager formula it replaces, for both activation layouts the conv
 stack uses (contiguous ``[B, C, L]`` and channels-last ``[B, L, C]`` in memory), with and without
 the optional fused SnakeBeta and bias, and the whole streaming step run through them must equal
-the eager step. Real-GPU numerics (bf16, cuDNN) are checked by ``bench/gpu_check.py`` on the H200.
+the eager step. The transformer's kernels (norms, RoPE + KV history, SiLU gate) likewise, and its
+fused path (fused projections + kernels) must equal the module code, pool state included.
+Real-GPU numerics (bf16, cuDNN) are checked by ``bench/gpu_check.py`` on the H200 (the interpreter
+rounds float32 -> bfloat16 toward zero, a GPU to nearest: bf16 errors here would mislead).
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from code2wav.kernels import history, mono_conv, snake  # noqa: E402
+from code2wav.kernels import transformer as tk  # noqa: E402
 from code2wav.kernels.history import window  # noqa: E402
+from code2wav.model.streaming import Step  # noqa: E402
+from code2wav.model.transformer import Rotary  # noqa: E402
 from code2wav.stream.engine import StreamEngine  # noqa: E402
 from tests.models import SMALL, model, one_thread, random_codes  # noqa: E402
 
@@ -128,3 +134,128 @@ def _channels_last_copy(m):
     import copy
 
     return copy.deepcopy(m).channels_last()
+
+
+# -- the transformer's kernels -------------------------------------------------------------------
+
+
+def test_norm_kernels_match_eager():
+    """RMSNorm, and residual + layer scale + RMSNorm in one pass; a width that is not a power of
+    two (masked lanes) and values far from unit scale."""
+    g = torch.Generator().manual_seed(4)
+    x, h = torch.randn(3, 5, 48, generator=g) * 3, torch.randn(3, 5, 48, generator=g)
+    scale, w = torch.randn(48, generator=g) * 0.3, 1 + torch.randn(48, generator=g) * 0.1
+    eps = 1e-5
+    assert close(tk.rms_norm(x, w, eps), tk.rms_norm_eager(x, w, eps))
+    xo, n = tk.add_rms_norm(x, h, scale, w, eps)
+    want = x + scale * h
+    assert close(xo, want)
+    assert close(n, tk.rms_norm_eager(want, w, eps))
+
+
+def test_silu_mul_matches_eager():
+    g = torch.Generator().manual_seed(5)
+    gu = torch.randn(3, 5, 2 * 40, generator=g) * 4
+    gate, up = gu.chunk(2, dim=-1)
+    assert close(tk.silu_mul(gu), F.silu(gate) * up)
+
+
+@pytest.mark.parametrize("pooled", [True, False], ids=["step", "whole-forward"])
+def test_rope_kv_cat_and_write_match_eager(pooled):
+    """RoPE on q and k from the fused qkv output, keys/values prepended with each row's pool
+    history (slots out of order), then each row's last W valid rows written back (ragged n_new,
+    one row with none). 4 query heads over 2 kv heads: heads without kv must write q only."""
+    g = torch.Generator().manual_seed(6)
+    B, T, H, Hkv, D, W = 3, 4, 4, 2, 16, 5
+    qkv = torch.randn(B, T, (H + 2 * Hkv) * D, generator=g)
+    start = torch.tensor([0, 7, 300])
+    cos, sin = Rotary(D, 10000.0)(start[:, None] + torch.arange(T))
+    pool_k, pool_v = torch.randn(7, Hkv, W, D, generator=g), torch.randn(7, Hkv, W, D, generator=g)
+    slots, n_new = torch.tensor([5, 0, 3]), torch.tensor([4, 0, 2])
+    # Today's Attention.forward, op by op.
+    q = qkv[..., : H * D].view(B, T, H, D).transpose(1, 2)
+    k = qkv[..., H * D : (H + Hkv) * D].view(B, T, Hkv, D).transpose(1, 2)
+    v = qkv[..., (H + Hkv) * D :].view(B, T, Hkv, D).transpose(1, 2)
+    q, k = tk.rotate_eager(q, cos, sin), tk.rotate_eager(k, cos, sin)
+    if pooled:
+        k, v = torch.cat([pool_k[slots], k], dim=2), torch.cat([pool_v[slots], v], dim=2)
+    qq, kk, vv = tk.rope_kv_cat(qkv, H, Hkv, cos, sin, *((pool_k, pool_v, slots) if pooled else ()))
+    assert close(qq, q) and close(kk, k) and close(vv, v)
+    assert kk.is_contiguous() and vv.is_contiguous() and qq.stride(-1) == 1
+    if pooled:
+        want_k, want_v = pool_k.clone(), pool_v.clone()
+        want_k[slots] = window(k, n_new, W, dim=2)
+        want_v[slots] = window(v, n_new, W, dim=2)
+        tk.kv_write(pool_k, pool_v, slots, kk, vv, n_new)
+        assert close(pool_k, want_k) and close(pool_v, want_v)  # slots 1, 2, 4, 6 untouched too
+
+
+def _kv_pool(tr, rows: int, g: torch.Generator) -> dict[str, torch.Tensor]:
+    """Random history for every layer: a masked entry that leaks in would show."""
+    return {
+        key: torch.randn(rows, *shape, generator=g)
+        for layer in tr.layers
+        for key, shape in layer.self_attn.state_shapes().items()
+    }
+
+
+def _transformer_step(tr, x, pool, pooled: bool):
+    """One step of ``tr`` over rows: a cold stream, one younger than the window, a rolling one;
+    ragged n_new (one row with no new frame). Returns the output and the pool afterwards."""
+    pool = {k: v.clone() for k, v in pool.items()}
+    step = Step(pool, torch.tensor([5, 0, 3]), torch.tensor([4, 0, 2]), torch.tensor([0, 30, 300])) if pooled else None
+    return tr(x, step), pool
+
+
+@pytest.mark.parametrize("pooled", [True, False], ids=["step", "whole-forward"])
+def test_transformer_fused_path_equals_eager(monkeypatch, pooled):
+    """The fused path (fused projections + every transformer kernel) against the module code:
+    same output, same pool state afterwards."""
+    tr = model(SMALL, torch.float32).pre_transformer
+    assert tr.is_fused  # tests/models.py fuses like load_decoder
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(3, 4, SMALL.latent_dim, generator=g)
+    pool = _kv_pool(tr, 7, g)
+    fused, fused_pool = _transformer_step(tr, x, pool, pooled)
+    monkeypatch.setattr(snake, "fused", lambda x: False)
+    eager, eager_pool = _transformer_step(tr, x, pool, pooled)
+    assert close(fused, eager)
+    for key in pool:
+        assert close(fused_pool[key], eager_pool[key]), key
+    if pooled:
+        assert not close(eager_pool[key], pool[key])  # the step did write history
+
+
+def test_fuse_projections_keeps_checkpoint_names_and_the_forward():
+    """Fusing adds no state-dict entries (the checkpoint layout loads unchanged into either), the
+    fused path reads the fused weights (spoil them and its output moves, the module path's does
+    not), and a model loaded then fused computes what the unfused one does."""
+    import copy
+
+    from code2wav.model.transformer import Transformer
+
+    ref = model(SMALL, torch.float32).pre_transformer
+    plain = Transformer(SMALL)
+    plain.load_state_dict(ref.state_dict(), strict=True)
+    assert not plain.is_fused and plain.state_dict().keys() == ref.state_dict().keys()
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(3, 4, SMALL.latent_dim, generator=g)
+    pool = _kv_pool(ref, 7, g)
+    for layer, ref_layer in zip(plain.layers, ref.layers):  # Transformer alone has no state keys
+        layer.self_attn.state_key = ref_layer.self_attn.state_key
+    unfused, unfused_pool = _transformer_step(plain, x, pool, True)  # module path (not fused)
+    plain.fuse_projections()
+    assert plain.is_fused and plain.state_dict().keys() == ref.state_dict().keys()
+    attn = plain.layers[0].self_attn
+    assert torch.equal(attn.qkv_weight, torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
+    fused, fused_pool = _transformer_step(plain, x, pool, True)
+    assert close(fused, unfused)
+    for key in pool:
+        assert close(fused_pool[key], unfused_pool[key]), key
+    assert plain.double().layers[0].mlp.gate_up_weight.dtype == torch.float64  # follows .to()
+    spoiled = copy.deepcopy(ref)
+    spoiled.layers[3].mlp.gate_up_weight.mul_(1.5)
+    assert not close(_transformer_step(spoiled, x, pool, True)[0], fused)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(snake, "fused", lambda x: False)
+        assert close(_transformer_step(spoiled, x, pool, True)[0], unfused)

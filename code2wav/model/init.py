@@ -43,6 +43,7 @@ def random_decoder(cfg: DecoderConfig, seed: int = 0, target_std: float = 0.3) -
             p.copy_(torch.randn(p.shape, generator=g) * gain / fan_in**0.5)
     # Rescale the last conv so the (unclamped) output has the target spread.
     model.fold_codebooks()
+    model.pre_transformer.fuse_projections()
     codes = torch.randint(0, cfg.codebook_size, (1, cfg.num_quantizers, 8), generator=g)
     captured: list[torch.Tensor] = []
     handle = model.decoder[-1].register_forward_hook(lambda m, i, o: captured.append(o))  # pre-clamp

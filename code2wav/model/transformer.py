@@ -3,6 +3,11 @@
 Streaming state per layer is the rotated keys and the values of the last ``sliding_window - 1``
 frames; cache entries whose absolute position is negative (a stream younger than the window)
 are masked, which is what makes cold, growing and rolling streams share one step.
+
+On CUDA, after :meth:`Transformer.fuse_projections`, the forward takes a fused path with the same
+math: q/k/v and gate/up as one GEMM each, and the glue between GEMMs as one Triton kernel per
+group (``code2wav/kernels/transformer.py``): ~10 launches per layer instead of ~60. Float64 and
+CPU run the module code below unchanged (the exactness reference).
 """
 
 from __future__ import annotations
@@ -13,14 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from code2wav.model.config import DecoderConfig
+from code2wav.kernels import snake
 from code2wav.kernels.history import window
+from code2wav.kernels.transformer import add_rms_norm, kv_write, rms_norm, rms_norm_eager, rope_kv_cat, rotate_eager, silu_mul
+from code2wav.model.config import DecoderConfig
 from code2wav.model.streaming import Step, StreamingLayer
-
-
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Norms, softmax and RoPE run in fp32 at least (fp64 stays fp64)."""
-    return torch.promote_types(dtype, torch.float32)
 
 
 class RMSNorm(nn.Module):
@@ -30,9 +32,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        h = x.to(_acc_dtype(x.dtype))
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        return rms_norm_eager(x, self.weight, self.eps)
 
 
 class LayerScale(nn.Module):
@@ -58,14 +58,6 @@ class Rotary(nn.Module):
         return emb.cos(), emb.sin()  # [B, T, head_dim]
 
 
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    acc = _acc_dtype(x.dtype)
-    h = x.to(acc)
-    x1, x2 = h.chunk(2, dim=-1)
-    rotated = torch.cat([-x2, x1], dim=-1)
-    return (h * cos[:, None].to(acc) + rotated * sin[:, None].to(acc)).to(x.dtype)
-
-
 class Attention(StreamingLayer):
     def __init__(self, cfg: DecoderConfig):
         super().__init__()
@@ -76,6 +68,13 @@ class Attention(StreamingLayer):
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
         self.sliding_window = cfg.sliding_window
         self.history = cfg.kv_window
+        # [q; k; v] weights as one matrix, built by fuse(); derived, so not in the state dict.
+        self.register_buffer("qkv_weight", None, persistent=False)
+
+    @torch.no_grad()
+    def fuse(self) -> None:
+        """Build the fused q/k/v weight from the loaded projections (redo after reloading them)."""
+        self.qkv_weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
 
     def state_shapes(self) -> dict[str, tuple[int, ...]]:
         shape = (self.n_kv, self.history, self.head_dim)
@@ -98,13 +97,30 @@ class Attention(StreamingLayer):
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
-        q, k = _rotate(q, *rope), _rotate(k, *rope)
+        q, k = rotate_eager(q, *rope), rotate_eager(k, *rope)
         if step is not None:
             W = self.history
             k = torch.cat([step.gather(f"{self.state_key}.k").to(k.dtype), k], dim=2)
             v = torch.cat([step.gather(f"{self.state_key}.v").to(v.dtype), v], dim=2)
             step.scatter(f"{self.state_key}.k", window(k, step.n_new, W, dim=2))
             step.scatter(f"{self.state_key}.v", window(v, step.n_new, W, dim=2))
+        if self.n_kv != self.n_heads:
+            k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
+            v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim))
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+    def forward_fused(self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, step: Step | None) -> Tensor:
+        """:meth:`forward` after :meth:`fuse`: one GEMM, RoPE + history concat in one kernel, the
+        history write in one more (after the read, in stream order, so they never race)."""
+        B, T, _ = x.shape
+        qkv = F.linear(x, self.qkv_weight)
+        if step is None:
+            q, k, v = rope_kv_cat(qkv, self.n_heads, self.n_kv, *rope)
+        else:
+            pk, pv = step.pool[f"{self.state_key}.k"], step.pool[f"{self.state_key}.v"]
+            q, k, v = rope_kv_cat(qkv, self.n_heads, self.n_kv, *rope, pk, pv, step.slots)
+            kv_write(pk, pv, step.slots, k, v, step.n_new)
         if self.n_kv != self.n_heads:
             k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
             v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
@@ -118,9 +134,17 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.register_buffer("gate_up_weight", None, persistent=False)  # [gate; up], see fuse()
+
+    @torch.no_grad()
+    def fuse(self) -> None:
+        self.gate_up_weight = torch.cat([self.gate_proj.weight, self.up_proj.weight])
 
     def forward(self, x: Tensor) -> Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    def forward_fused(self, x: Tensor) -> Tensor:
+        return self.down_proj(silu_mul(F.linear(x, self.gate_up_weight)))
 
 
 class TransformerLayer(nn.Module):
@@ -147,6 +171,19 @@ class Transformer(nn.Module):
         self.output_proj = nn.Linear(cfg.hidden_size, cfg.latent_dim)
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
 
+    def fuse_projections(self) -> Transformer:
+        """Concatenate each layer's q/k/v and gate/up weights for the fused CUDA path. Call after
+        the weights are loaded (and again if they change); parameters and checkpoint names stay
+        as they are, the fused copies are non-persistent buffers that follow ``.to()``."""
+        for layer in self.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+        return self
+
+    @property
+    def is_fused(self) -> bool:
+        return all(layer.self_attn.qkv_weight is not None and layer.mlp.gate_up_weight is not None for layer in self.layers)
+
     def forward(self, x: Tensor, step: Step | None = None) -> Tensor:
         """``x``: [B, T, latent_dim] -> [B, T, latent_dim]."""
         B, T, _ = x.shape
@@ -155,7 +192,33 @@ class Transformer(nn.Module):
             q_pos = step.start[:, None] + q_pos
         rope = self.rotary(q_pos)
         mask = self.layers[0].self_attn.mask(q_pos, step)  # the same for every layer
+        if snake.fused(x) and self.is_fused:
+            return self._forward_fused(x, rope, mask, step)
         h = self.input_proj(x)
         for layer in self.layers:
             h = layer(h, rope, mask, step)
         return self.output_proj(self.norm(h))
+
+    def _forward_fused(self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, step: Step | None) -> Tensor:
+        """The layers' math regrouped so each residual add + layer scale shares a kernel with the
+        RMSNorm that follows it (the next layer's input norm, or the final norm)."""
+        h = self.input_proj(x)
+        bias = _additive_mask(mask, h.dtype)
+        layers = list(self.layers)
+        n = rms_norm(h, layers[0].input_layernorm.weight, layers[0].input_layernorm.eps)
+        for i, layer in enumerate(layers):
+            a = layer.self_attn.forward_fused(n, rope, bias, step)
+            post = layer.post_attention_layernorm
+            h, n = add_rms_norm(h, a, layer.self_attn_layer_scale.scale, post.weight, post.eps)
+            nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.norm
+            h, n = add_rms_norm(h, layer.mlp.forward_fused(n), layer.mlp_layer_scale.scale, nxt.weight, nxt.eps)
+        return self.output_proj(n)
+
+
+def _additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """The boolean mask as SDPA converts it (0 where allowed, -inf elsewhere), once per step
+    instead of once per layer inside SDPA. The key axis is padded to a multiple of 8 and sliced
+    back, so the memory-efficient kernel finds it aligned and does not pad a copy every layer."""
+    B, one, T, K = mask.shape
+    bias = torch.zeros(B, one, T, -(-K // 8) * 8, dtype=dtype, device=mask.device)[..., :K]
+    return bias.masked_fill_(~mask, float("-inf"))

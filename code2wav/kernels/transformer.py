@@ -1,0 +1,272 @@
+"""The transformer layer's glue between GEMMs as one kernel each (Triton on CUDA).
+
+A one-frame step moves a few KB per op, so every eager op is a launch that costs more than its
+work: RMSNorm is ~7 launches, RoPE ~8 per tensor, the KV window's gather/cat/slice/index_copy
+~12, layer scale + residual 2 more, ``silu * up`` 2. Here each group is one pass:
+
+* ``add_rms_norm``: ``x + scale * h`` and the next RMSNorm of it (``rms_norm`` without ``h``);
+* ``rope_kv_cat``: RoPE on q and k straight from the fused qkv GEMM's output, and the keys and
+  values prepended with the pool's history rows (``cat([pool[slots], new], time)``);
+* ``kv_write``: each row's last ``W`` valid keys/values back to its slot. It reads the
+  concatenation, never the pool, and runs after ``rope_kv_cat`` in stream order, so the pool is
+  never read and written by the same launch;
+* ``silu_mul``: ``silu(gate) * up`` from the fused gate/up GEMM's output.
+
+Intermediates stay in fp32 inside a kernel (the eager path rounds after every op), so fp32
+results match the eager formulas to rounding and bf16 ones closely. Each function falls back to
+its eager formula, today's math, where ``snake.fused`` says no (CPU, float64, too large for
+int32 offsets).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from code2wav.kernels import snake
+from code2wav.kernels.history import window
+from code2wav.kernels.snake import triton
+
+
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Norms, softmax and RoPE run in fp32 at least (fp64 stays fp64)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+# -- eager formulas (the float64 / CPU path, and each kernel's reference) ------------------------
+
+
+def rms_norm_eager(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    h = x.to(acc_dtype(x.dtype))
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def rotate_eager(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """RoPE on ``x`` [B, heads, T, D] with ``cos``/``sin`` [B, T, D] (fp32 angles)."""
+    acc = acc_dtype(x.dtype)
+    h = x.to(acc)
+    x1, x2 = h.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (h * cos[:, None].to(acc) + rotated * sin[:, None].to(acc)).to(x.dtype)
+
+
+def _split_heads(qkv: Tensor, n_heads: int, n_kv: int) -> tuple[Tensor, Tensor, Tensor]:
+    """[B, T, (H + 2 Hkv) D] -> q [B, H, T, D], k, v [B, Hkv, T, D] (views)."""
+    B, T, E = qkv.shape
+    D = E // (n_heads + 2 * n_kv)
+    q, k, v = qkv.split([n_heads * D, n_kv * D, n_kv * D], dim=-1)
+    return (
+        q.view(B, T, n_heads, D).transpose(1, 2),
+        k.view(B, T, n_kv, D).transpose(1, 2),
+        v.view(B, T, n_kv, D).transpose(1, 2),
+    )
+
+
+# -- kernels ---------------------------------------------------------------------------------------
+
+if triton is not None:
+    import triton.language as tl
+
+    @triton.jit
+    def _add_rms_norm_kernel(
+        x_ptr, h_ptr, scale_ptr, w_ptr, xo_ptr, n_ptr, D, eps,
+        HAS_RES: tl.constexpr, BLOCK_D: tl.constexpr,
+    ):
+        row = tl.program_id(0)  # one row of D channels per program: the norm is a row reduction
+        d = tl.arange(0, BLOCK_D)
+        m = d < D
+        x = tl.load(x_ptr + row * D + d, mask=m, other=0.0).to(tl.float32)
+        if HAS_RES:
+            s = tl.load(scale_ptr + d, mask=m, other=0.0).to(tl.float32)
+            h = tl.load(h_ptr + row * D + d, mask=m, other=0.0).to(tl.float32)
+            xo = (x + s * h).to(xo_ptr.dtype.element_ty)
+            tl.store(xo_ptr + row * D + d, xo, mask=m)
+            x = xo.to(tl.float32)  # normalise the residual stream as stored, as eager does
+        r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+        w = tl.load(w_ptr + d, mask=m, other=0.0).to(tl.float32)
+        tl.store(n_ptr + row * D + d, (x * r * w).to(n_ptr.dtype.element_ty), mask=m)
+
+    @triton.jit
+    def _rotated(row_ptr, d, pd, sign, cos, sin, m):
+        """RoPE of one head's row: x * cos + rotate_half(x) * sin, rotate_half(x)[d] = sign[d] * x[pd[d]]."""
+        x = tl.load(row_ptr + d, mask=m, other=0.0).to(tl.float32)
+        xp = tl.load(row_ptr + pd, mask=m, other=0.0).to(tl.float32)
+        return x * cos + sign * xp * sin
+
+    @triton.jit
+    def _rope_kv_cat_kernel(
+        qkv_ptr, cos_ptr, sin_ptr, pk_ptr, pv_ptr, slots_ptr, q_ptr, k_ptr, v_ptr,
+        T, W, H, HKV, D, sqb, sqt, scb, sct,
+        HAS_POOL: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+    ):
+        # Program (b * H + h, tile): rows s = tile * ROWS ... of the key axis [0, W + T). History
+        # rows s < W come from the pool (kv heads only); new rows s >= W are frame t = s - W,
+        # where head h writes rotated q and, if h < HKV, rotated k and plain v.
+        bh = tl.program_id(0)
+        b = bh // H
+        h = bh % H
+        S = W + T
+        s = tl.program_id(1) * ROWS + tl.arange(0, ROWS)[:, None]
+        d = tl.arange(0, BLOCK_D)[None, :]
+        dm = d < D
+        half = D // 2
+        pd = tl.where(d < half, d + half, d - half)
+        sign = tl.where(d < half, -1.0, 1.0)
+        is_kv = h < HKV
+        new = (s >= W) & (s < S) & dm
+        t = tl.where(s >= W, s - W, 0)
+        cos = tl.load(cos_ptr + b * scb + t * sct + d, mask=new, other=0.0).to(tl.float32)
+        sin = tl.load(sin_ptr + b * scb + t * sct + d, mask=new, other=0.0).to(tl.float32)
+        row = qkv_ptr + b * sqb + t * sqt
+        q = _rotated(row + h * D, d, pd, sign, cos, sin, new)
+        tl.store(q_ptr + ((b * T + t) * H + h) * D + d, q.to(q_ptr.dtype.element_ty), mask=new)
+        kvm = new & is_kv
+        k = _rotated(row + (H + h) * D, d, pd, sign, cos, sin, kvm)
+        v = tl.load(row + (H + HKV + h) * D + d, mask=kvm, other=0.0).to(tl.float32)
+        if HAS_POOL:
+            hm = (s < W) & dm & is_kv
+            slot = tl.load(slots_ptr + b)
+            src = ((slot * HKV + h) * W + s) * D + d
+            k = tl.where(s < W, tl.load(pk_ptr + src, mask=hm, other=0.0).to(tl.float32), k)
+            v = tl.where(s < W, tl.load(pv_ptr + src, mask=hm, other=0.0).to(tl.float32), v)
+        out = ((b * HKV + h) * S + s) * D + d
+        om = (s < S) & dm & is_kv
+        tl.store(k_ptr + out, k.to(k_ptr.dtype.element_ty), mask=om)
+        tl.store(v_ptr + out, v.to(v_ptr.dtype.element_ty), mask=om)
+
+    @triton.jit
+    def _kv_write_kernel(
+        pk_ptr, pv_ptr, slots_ptr, n_new_ptr, k_ptr, v_ptr, S, W, HKV, D,
+        ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+    ):
+        bh = tl.program_id(0)
+        b = bh // HKV
+        h = bh % HKV
+        j = tl.program_id(1) * ROWS + tl.arange(0, ROWS)[:, None]
+        d = tl.arange(0, BLOCK_D)[None, :]
+        m = (j < W) & (d < D)
+        start = tl.load(n_new_ptr + b)  # row b's window ends at its last valid frame
+        src = ((b * HKV + h) * S + start + j) * D + d
+        slot = tl.load(slots_ptr + b)
+        dst = ((slot * HKV + h) * W + j) * D + d
+        tl.store(pk_ptr + dst, tl.load(k_ptr + src, mask=m).to(pk_ptr.dtype.element_ty), mask=m)
+        tl.store(pv_ptr + dst, tl.load(v_ptr + src, mask=m).to(pv_ptr.dtype.element_ty), mask=m)
+
+    @triton.jit
+    def _silu_mul_kernel(gu_ptr, y_ptr, N, I, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < N
+        row = offs // I
+        c = offs % I
+        g = tl.load(gu_ptr + row * 2 * I + c, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(gu_ptr + row * 2 * I + I + c, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + offs, (g / (1.0 + tl.exp(-g)) * u).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _rows(length: int, block_d: int) -> int:
+    """Key rows per program: about ``snake.BLOCK`` elements, no more rows than there are."""
+    return max(1, min(triton.next_power_of_2(max(length, 1)), snake.BLOCK // block_d))
+
+
+# -- entry points ------------------------------------------------------------------------------------
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm over the last dim (fp32 statistics), times ``weight``."""
+    if not snake.fused(x):
+        return rms_norm_eager(x, weight, eps)
+    x = x.contiguous()
+    n = torch.empty_like(x)
+    D = x.shape[-1]
+    _add_rms_norm_kernel[(x.numel() // D,)](
+        x, x, weight, weight, x, n, D, eps, HAS_RES=False, BLOCK_D=triton.next_power_of_2(D)
+    )
+    return n
+
+
+def add_rms_norm(x: Tensor, h: Tensor, scale: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """The residual add with layer scale and the RMSNorm after it: ``x' = x + scale * h`` and
+    ``rms_norm(x', weight)``; returns both."""
+    if not snake.fused(x):
+        x = x + scale * h
+        return x, rms_norm_eager(x, weight, eps)
+    x, h = x.contiguous(), h.contiguous()
+    xo, n = torch.empty_like(x), torch.empty_like(x)
+    D = x.shape[-1]
+    _add_rms_norm_kernel[(x.numel() // D,)](
+        x, h, scale, weight, xo, n, D, eps, HAS_RES=True, BLOCK_D=triton.next_power_of_2(D)
+    )
+    return xo, n
+
+
+def rope_kv_cat(
+    qkv: Tensor, n_heads: int, n_kv: int, cos: Tensor, sin: Tensor,
+    pool_k: Tensor | None = None, pool_v: Tensor | None = None, slots: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """From the fused projection ``qkv`` [B, T, (H + 2 Hkv) D] (q, k, v heads in that order) and
+    RoPE tables ``cos``/``sin`` [B, T, D]: rotated q [B, H, T, D], and keys (rotated) and values
+    [B, Hkv, W + T, D] with the pool's ``W`` history rows of each row's slot first (``pool_*``
+    [slots, Hkv, W, D]; no history without a pool). q is a view of [B, T, H, D] memory, keys and
+    values are contiguous: what SDPA takes without copies."""
+    B, T, E = qkv.shape
+    D = E // (n_heads + 2 * n_kv)
+    W = pool_k.shape[2] if pool_k is not None else 0
+    if not snake.fused(qkv) or B * n_kv * (W + T) * D >= 2**31:
+        q, k, v = _split_heads(qkv, n_heads, n_kv)
+        q, k = rotate_eager(q, cos, sin), rotate_eager(k, cos, sin)
+        if pool_k is not None:
+            k = torch.cat([pool_k.index_select(0, slots).to(k.dtype), k], dim=2)
+            v = torch.cat([pool_v.index_select(0, slots).to(v.dtype), v], dim=2)
+        return q, k, v
+    if qkv.stride(-1) != 1:
+        qkv = qkv.contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()
+    if pool_k is not None:
+        pool_k, pool_v = pool_k.contiguous(), pool_v.contiguous()  # the pool's are: no copy
+    q = qkv.new_empty(B, T, n_heads, D)
+    k = qkv.new_empty(B, n_kv, W + T, D)
+    v = torch.empty_like(k)
+    block_d = triton.next_power_of_2(D)
+    rows = _rows(W + T, block_d)
+    has_pool = pool_k is not None
+    dummy = qkv  # never read: HAS_POOL switches those loads off
+    _rope_kv_cat_kernel[(B * n_heads, triton.cdiv(W + T, rows))](
+        qkv, cos, sin, pool_k if has_pool else dummy, pool_v if has_pool else dummy,
+        slots if has_pool else dummy, q, k, v,
+        T, W, n_heads, n_kv, D, qkv.stride(0), qkv.stride(1), cos.stride(0), cos.stride(1),
+        HAS_POOL=has_pool, ROWS=rows, BLOCK_D=block_d,
+    )
+    return q.transpose(1, 2), k, v
+
+
+def kv_write(pool_k: Tensor, pool_v: Tensor, slots: Tensor, k: Tensor, v: Tensor, n_new: Tensor) -> None:
+    """``pool_*[slots[b]] = *[b, :, n_new[b] : n_new[b] + W]`` for ``k``/``v`` [B, Hkv, W + T, D]
+    from :func:`rope_kv_cat`: each row's last ``W`` keys/values up to its last valid frame, in place."""
+    W = pool_k.shape[2]
+    # The kernel writes the pools in place, so it needs them dense (StatePool's are).
+    if not snake.fused(k) or not (pool_k.is_contiguous() and pool_v.is_contiguous()):
+        pool_k.index_copy_(0, slots, window(k, n_new, W, dim=2).to(pool_k.dtype))
+        pool_v.index_copy_(0, slots, window(v, n_new, W, dim=2).to(pool_v.dtype))
+        return
+    k, v = k.contiguous(), v.contiguous()
+    B, n_kv, S, D = k.shape
+    block_d = triton.next_power_of_2(D)
+    rows = _rows(W, block_d)
+    _kv_write_kernel[(B * n_kv, triton.cdiv(W, rows))](
+        pool_k, pool_v, slots, n_new, k, v, S, W, n_kv, D, ROWS=rows, BLOCK_D=block_d
+    )
+
+
+def silu_mul(gu: Tensor) -> Tensor:
+    """``silu(gate) * up`` for ``gu`` [..., 2 I] = [gate, up] (the fused gate/up GEMM's output)."""
+    if not snake.fused(gu):
+        gate, up = gu.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    gu = gu.contiguous()
+    I = gu.shape[-1] // 2
+    y = gu.new_empty(*gu.shape[:-1], I)
+    N = y.numel()
+    _silu_mul_kernel[(triton.cdiv(N, snake.BLOCK),)](gu, y, N, I, BLOCK=snake.BLOCK)
+    return y
