@@ -10,6 +10,7 @@
 #   bash bench/gpu.sh perf     quick checks, step profile, exact-graph at budgets 128 and 512,
 #                              prefix 72 at c=16/256                              [~500 s]
 #   bash bench/gpu.sh service  the service (bench --server, load test) vs in-process   [~160 s]
+#   bash bench/gpu.sh service-quick  the service at c=1/64, prefix 0 and 72             [~120 s]
 #   bash bench/gpu.sh offline64  fp32 batch-64 offline, ours vs official, cuDNN heuristics [~60 s]
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -67,6 +68,11 @@ service)
   kill "$SERVER"; wait "$SERVER" 2>/dev/null
   python3 -m code2wav bench --modes exact-graph --levels 1,64 --frames 101 --out "$OUT/inprocess" 2>&1 | tee "$OUT/inprocess.txt"
   echo "=== service ==="; tail -n 3 "$OUT/service.txt"; tail -n 3 "$OUT/loadtest.txt"; echo "=== in-process ==="; tail -n 4 "$OUT/inprocess.txt"
+  ;;
+service-quick)
+  start_server
+  timeout 60 python3 -m code2wav bench --server http://127.0.0.1:8091 --levels 1,64 --frames 101 --prefix 0,72 --out "$OUT/service" 2>&1 | tee "$OUT/service.txt"
+  kill "$SERVER"; echo "=== service ==="; tail -n 6 "$OUT/service.txt"
   ;;
 offline64)
   python3 bench/offline.py --device cuda --dtypes float32 --batches 64 --frames 125 --repeat 2 --no-autotune 2>&1 | tee "$OUT/offline_fp32_b64.txt"
