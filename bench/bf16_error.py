@@ -1,6 +1,6 @@
-"""Where bf16 rounding error comes from: SNR of the bf16 decoder vs the float64 forward, with the
-front (dequantize, pre_conv, transformer) and the back (upsampling + conv decoder) each in bf16
-or float32. Same random weights for every variant. Runs on CPU (bf16 convs accumulate in fp32
+"""Where half-precision rounding error comes from: SNR of the bf16 (and fp16) decoder vs the float64
+forward, with the front (dequantize, pre_conv, transformer) and the back (upsampling + conv
+decoder) each in the half dtype or float32. Same random weights for every variant. Runs on CPU (bf16 convs accumulate in fp32
 and round their outputs, as cuDNN's do).
 
 python bench/bf16_error.py --frames 12 --threads 2
@@ -44,13 +44,14 @@ def main() -> int:
         return m.to(dtype).eval()
 
     codes = torch.randint(0, cfg.codebook_size, (1, cfg.num_quantizers, args.frames), generator=torch.Generator().manual_seed(args.seed))
-    models = {d: load(d) for d in (torch.float64, torch.float32, torch.bfloat16)}
+    halves = (torch.bfloat16, torch.float16)
+    models = {d: load(d) for d in (torch.float64, torch.float32, *halves)}
     with torch.no_grad():
         ref = models[torch.float64](codes)[0, 0]
-        hidden = {d: models[d].front(codes) for d in (torch.float32, torch.bfloat16)}
+        hidden = {d: models[d].front(codes) for d in (torch.float32, *halves)}
         print(f"{'front':<10}{'back':<10}{'SNR dB':>8}")
-        for front in (torch.bfloat16, torch.float32):
-            for back in (torch.bfloat16, torch.float32):
+        for half in halves:
+            for front, back in ((half, half), (half, torch.float32), (torch.float32, half)):
                 out = models[back].back(hidden[front].to(back))[0, 0]
                 print(f"{str(front)[6:]:<10}{str(back)[6:]:<10}{snr_db(ref, out):>8.1f}", flush=True)
     return 0

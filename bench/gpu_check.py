@@ -110,6 +110,16 @@ def main() -> int:
     # random weights the conv stack's gain sets the bf16 floor.
     check("graph bf16 stream SNR == whole bf16 forward", snr >= snr_whole - 0.5, detail)
     print(f"INFO bf16 SNR vs fp64: {snr:.1f} dB (target 30 dB)")
+
+    # 3b. fp16 (same tensor-core speed, 3 more mantissa bits): the same stream through graphs.
+    m16 = load(weights, torch.float16, "cuda")
+    e16 = StreamEngine(m16, max_streams=2)
+    e16.runner = GraphRunner(m16, e16.pool, batch_sizes=(1,), frame_sizes=(1, 4, 25), max_batch_frames=32)
+    e16.runner.capture(e16.prefill_shapes())
+    out16 = stream(e16, "x", codes, 40, [1, 25, 25, 25, 4]).float()
+    snr16 = snr_db(ref, out16)
+    check("graph fp16 stream SNR >= 30 dB", bool(torch.isfinite(out16).all()) and snr16 >= 30.0, f"{snr16:.1f} dB vs fp64")
+    del m16, e16
     if "--quick" in sys.argv:  # skips the all-buckets captures below (minutes of cuDNN autotune)
         print(f"SUMMARY gpu_check (quick): {len(failures)} failed: {failures}")
         return 1 if failures else 0

@@ -210,7 +210,7 @@ def plot(results: list[Result], path: Path) -> bool:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="checkpoint (default: embedded random weights)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float64"])
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16", "float64"])
     p.add_argument("--modes", default=",".join(ALL_MODES))
     p.add_argument("--levels", default="1,4,16,64,256")
     p.add_argument("--frames", type=int, default=101, help="frames per stream (after the prefix)")

@@ -19,7 +19,7 @@ import numpy as np
 PROG = "code2wav"
 EXIT_BAD_INPUT = 2
 OUTPUT_KINDS = (".wav", ".flac", ".npy")
-DTYPES = ("float32", "float64", "bfloat16")
+DTYPES = ("float32", "float64", "bfloat16", "float16")
 DECODE_MODES = ("exact", "official", "windowed", "full")
 DEFAULT_STREAM_CHUNKS = (25,)
 PROGRESS_MIN_FRAMES = 250  # 20 s of audio: shorter inputs get no progress bar

@@ -108,6 +108,21 @@ def test_bfloat16_npy_is_float32(ckpt, tmp_path):
     assert np.array_equal(got, torch.from_numpy(got).bfloat16().float().numpy())  # bf16 values, exactly
 
 
+def test_float16_decode_keeps_30_db_of_the_float64_output(ckpt, model64, tmp_path):
+    """float16 is the high-fidelity half precision: 3 more mantissa bits than bfloat16 (same
+    tensor-core speed on the GPU), so its rounding noise is ~18 dB lower. The decode must stay
+    within 30 dB of float64 (the GPU engine's fidelity target) and clearly beat bfloat16."""
+    c = rand_codes(40)
+    ref = torch.from_numpy(offline64(model64, c))
+    snr = {}
+    for dtype in ("float16", "bfloat16"):
+        out = tmp_path / f"{dtype}.npy"
+        assert decode(ckpt, save(tmp_path, "c.npy", c), str(out), "--dtype", dtype) == 0
+        got = torch.from_numpy(np.load(out)).double()
+        snr[dtype] = 10 * torch.log10(ref.pow(2).sum() / (ref - got).pow(2).sum()).item()
+    assert snr["float16"] >= 30.0 and snr["float16"] >= snr["bfloat16"] + 10.0, snr
+
+
 # -- streaming ---------------------------------------------------------------------------------------
 
 
