@@ -363,3 +363,31 @@ def test_state_bytes_per_stream():
     small_values = sum(torch.Size(s).numel() for s in engine.model.state_shapes().values())
     assert per == small_values * 8 + 8  # float64 state + the int64 position
     assert engine.state_bytes()["pool"] == (3 + 1) * per  # three slots and the scratch row
+
+
+def test_float16_overflow_ends_only_that_stream():
+    """float16 can overflow (max 65504) where bfloat16 cannot. A row whose audio comes out
+    non-finite gets ``non_finite_audio`` and is ended (its state holds inf/NaN now); the other
+    rows of the same step decode normally and stay open."""
+    from code2wav.stream.engine import StreamError
+
+    m = model(SMALL, torch.float16)
+    m.quantizer.table = m.quantizer.table.clone()
+    q, size = SMALL.num_quantizers, SMALL.codebook_size
+    m.quantizer.table[7] = 6e4  # code 7 of quantizers 0 and 1: their sum overflows float16
+    m.quantizer.table[size + 7] = 6e4
+    good = random_codes(6, seed=3)
+    good[good == 7] = 8
+    bad = good.clone()
+    bad[2, :2] = 7
+    engine = StreamEngine(m, max_streams=2)
+    engine.open("good")
+    engine.open("bad")
+    out = engine.step({"good": good, "bad": bad})
+    assert isinstance(out["bad"], StreamError) and out["bad"].code == "non_finite_audio"
+    assert "'bad'" in str(out["bad"])
+    assert torch.isfinite(out["good"]).all() and out["good"].shape == (6 * SPF,)
+    assert engine.active == 1 and engine.pool.in_use == 1
+    with pytest.raises(StreamError, match="already aborted"):
+        engine.push("bad", good[:1])
+    assert torch.isfinite(engine.push("good", good[:2])).all()

@@ -62,6 +62,7 @@ WS_CLOSE = {
     "queue_full": 1013,
     "shutdown": 1012,
     "prefill_failed": 1011,
+    "non_finite_audio": 1011,
     "internal": 1011,
 }
 # Machine code -> HTTP status. Codes not listed answer 500.
@@ -84,6 +85,7 @@ HTTP_STATUS = {
     "queue_full": 503,
     "shutdown": 503,
     "prefill_failed": 500,
+    "non_finite_audio": 500,
     "internal": 500,
 }
 # Request ids are the client's; keep them printable and short.

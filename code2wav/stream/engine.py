@@ -199,6 +199,14 @@ class StreamEngine:
             now = time.monotonic()
             for (st, fr), a in zip(rows, audio):
                 st.last_active = now
+                if self.dtype == torch.float16 and not bool(torch.isfinite(a).all()):
+                    # float16 overflowed somewhere in this row: its state holds inf/NaN now, so
+                    # every later chunk would be noise. End this stream only (rows are independent).
+                    self._release(st, "aborted")
+                    results[st.request_id] = StreamError(
+                        "non_finite_audio", f"stream {st.request_id!r}: the decoder produced non-finite samples (float16 overflow); the stream is ended"
+                    )
+                    continue
                 results[st.request_id] = a
         return {rid: results[rid] for rid in chunks}
 
