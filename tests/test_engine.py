@@ -167,6 +167,68 @@ def test_abort_drops_queued_chunks_and_frees(m, codes):
     assert core.active == 0
 
 
+def test_rows_are_handed_over_as_their_group_finishes(m, codes):
+    """A step bigger than the frame budget runs as several groups; ``on_ready`` gets each row as
+    soon as its group is done (before later groups run), exactly once, with the audio the step
+    returns. Rows cut into several pieces are handed over after their last piece."""
+    core = StreamEngine(m, max_streams=6, max_step_frames=8, max_batch_frames=16)
+    log: list[tuple[str, object]] = []
+    inner = core.runner
+
+    def runner(c, slots, n_new):
+        log.append(("run", tuple(slots.tolist())))
+        return inner(c, slots, n_new)
+
+    core.runner = runner
+    sizes = [8, 8, 8, 3, 12, 5]  # 12 frames: two pieces of at most 8
+    for i in range(6):
+        core.open(f"s{i}")
+    got: dict[str, torch.Tensor] = {}
+    out = core.step(
+        {f"s{i}": codes[:n] for i, n in enumerate(sizes)},
+        on_ready=lambda rid, a: (log.append(("ready", rid)), got.__setitem__(rid, a)),
+    )
+    assert sorted(got) == sorted(out) and all(torch.equal(got[r], out[r]) for r in out)
+    readies = [x for kind, x in log if kind == "ready"]
+    assert len(readies) == len(set(readies)) == 6
+    first_run = log.index(("run", (0, 1)))  # the first group: two rows of 8 under a budget of 16
+    assert log[first_run + 1 : first_run + 3] == [("ready", "s0"), ("ready", "s1")]
+    assert log.index(("ready", "s4")) > max(i for i, (kind, _) in enumerate(log) if kind == "run" and 4 in _)
+    for i, n in enumerate(sizes):
+        assert (out[f"s{i}"] - forward_audio(m, codes[:n])).abs().max() <= 1e-9
+
+
+def test_async_chunk_resolves_before_its_step_ends(m, codes):
+    """Through the async engine: while a step's later group is still running, the chunks of its
+    first group are already resolved (time to audio does not wait for the whole step)."""
+    import threading
+
+    async def main():
+        core = StreamEngine(m, max_streams=2, max_step_frames=8, max_batch_frames=8)  # one row per group
+        release = threading.Event()
+        inner = core.runner
+
+        def runner(c, slots, n_new):
+            if slots.tolist() == [1]:  # the second group waits until the test has looked
+                assert release.wait(10)
+            return inner(c, slots, n_new)
+
+        core.runner = runner
+        async with AsyncEngine(core) as eng:
+            await eng.open("a")
+            await eng.open("b")
+            fa, fb = eng.submit("a", codes[:8]), eng.submit("b", codes[:8])
+            first = await asyncio.wait_for(fa, 10)  # resolves while "b" is held
+            assert not fb.done()
+            release.set()
+            second = await asyncio.wait_for(fb, 10)
+            return first, second
+
+    a, b = asyncio.run(main())
+    ref = forward_audio(m, codes[:8])
+    assert (a - ref).abs().max() <= 1e-9 and (b - ref).abs().max() <= 1e-9
+
+
 # -- the graph path's shape decisions ------------------------------------------------------------
 
 

@@ -3,7 +3,8 @@
 Streams push chunks at any time. A scheduler task takes the oldest pending chunk of every
 stream that has one, runs them as one batched step in a single worker thread (the decoder and
 its state pool are not thread-safe, and the event loop must stay free), and resolves each
-chunk's future as soon as the step returns. One chunk per stream per step keeps per-stream
+chunk's future as soon as its row's audio is on the host (a big step runs as several groups;
+the first groups' rows do not wait for the last). One chunk per stream per step keeps per-stream
 order. Queues are bounded: a stream with too many chunks in flight is refused, never buffered
 without limit.
 
@@ -175,37 +176,47 @@ class AsyncEngine:
                         encoders[rid] = encode
             if not batch:
                 continue
+            loop = asyncio.get_running_loop()
+
+            def on_ready(rid: str, res: Any, futures: dict[str, asyncio.Future] = futures) -> None:  # on the worker
+                encode = encoders.get(rid)
+                if encode is not None and not isinstance(res, Exception):
+                    try:
+                        res = encode(res)
+                    except Exception as e:  # fails this row alone
+                        res = e
+                loop.call_soon_threadsafe(self._resolve, futures[rid], res)
+
             try:
-                results, seconds, samples = await self._call(self._timed_step, batch, encoders)
+                results, seconds, samples = await self._call(self._timed_step, batch, on_ready)
             except Exception as e:  # a device failure fails this step's rows, not the loop
                 results, seconds, samples = {rid: e for rid in batch}, 0.0, []
             self._account(samples, seconds)
+            # Rows handed over by on_ready were resolved before this line runs (call_soon_threadsafe
+            # callbacks queued by the worker run before the step's own completion): what is left
+            # are rows refused before decoding.
             for rid, res in results.items():
-                fut = futures[rid]
-                if fut.done():
-                    continue
-                if isinstance(res, Exception):
-                    self.stats.record_error(getattr(res, "code", type(res).__name__))
-                    fut.set_exception(res)
-                else:
-                    fut.set_result(res)
+                self._resolve(futures[rid], res)
             if any(self._pending.values()):
                 self._wake.set()
 
-    def _timed_step(self, batch: dict[str, object], encoders: dict[str, Encode]):
-        """On the worker: the step, then each row's ``encode``; returns (results, step seconds,
-        samples of each decoded row)."""
+    def _resolve(self, fut: asyncio.Future, res: Any) -> None:
+        """Settle a chunk's future once (a cancelled or already settled one is left alone)."""
+        if fut.done():
+            return
+        if isinstance(res, Exception):
+            self.stats.record_error(getattr(res, "code", type(res).__name__))
+            fut.set_exception(res)
+        else:
+            fut.set_result(res)
+
+    def _timed_step(self, batch: dict[str, object], on_ready: Callable[[str, Any], None]):
+        """On the worker: the step (rows handed to ``on_ready`` as they finish); returns
+        (results, step seconds, samples of each decoded row)."""
         t0 = time.perf_counter()
-        results: dict[str, Any] = self.core.step(batch)
+        results: dict[str, Any] = self.core.step(batch, on_ready)
         seconds = time.perf_counter() - t0
         samples = [r.numel() for r in results.values() if not isinstance(r, Exception)]
-        for rid, encode in encoders.items():
-            res = results[rid]
-            if not isinstance(res, Exception):
-                try:
-                    results[rid] = encode(res)
-                except Exception as e:  # fails this row alone
-                    results[rid] = e
         return results, seconds, samples
 
     def _account(self, samples: list[int], seconds: float) -> None:

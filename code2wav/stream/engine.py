@@ -34,6 +34,7 @@ from code2wav.kernels.history import window
 from code2wav.stream.pool import PoolFull, StatePool
 
 Mode = Literal["exact", "windowed", "full"]
+OnReady = Callable[[str, "Tensor | Exception"], None]  # (request id, its audio or error)
 MODES: tuple[str, ...] = ("exact", "windowed", "full")
 
 
@@ -167,11 +168,13 @@ class StreamEngine:
 
     # -- the batched step -------------------------------------------------------------------------
 
-    def step(self, chunks: Mapping[str, object]) -> dict[str, Tensor | Exception]:
+    def step(self, chunks: Mapping[str, object], on_ready: OnReady | None = None) -> dict[str, Tensor | Exception]:
         """Decode new frames of many streams in one batched step.
 
         Returns, per request id, its audio or the error that rejected that row alone. A bad row
         never shifts another row's output: rows are matched by id, not by position.
+        ``on_ready(request_id, audio or error)`` is called for each decoded row as soon as its
+        audio is on the host, which in a step of several groups is before the step ends.
         """
         self.reap_idle()
         results: dict[str, Tensor | Exception] = {}
@@ -195,40 +198,55 @@ class StreamEngine:
                         raise
                     rows = [(st, fr) for st, fr in rows if st not in waiting]
         if rows:
-            audio = self._decode(rows)
-            now = time.monotonic()
-            for (st, fr), a in zip(rows, audio):
-                st.last_active = now
-                if self.dtype == torch.float16 and not bool(torch.isfinite(a).all()):
+
+            def ready(i: int, audio: Tensor) -> None:
+                st = rows[i][0]
+                st.last_active = time.monotonic()
+                res: Tensor | Exception = audio
+                if self.dtype == torch.float16 and not bool(torch.isfinite(audio).all()):
                     # float16 overflowed somewhere in this row: its state holds inf/NaN now, so
                     # every later chunk would be noise. End this stream only (rows are independent).
                     self._release(st, "aborted")
-                    results[st.request_id] = StreamError(
+                    res = StreamError(
                         "non_finite_audio", f"stream {st.request_id!r}: the decoder produced non-finite samples (float16 overflow); the stream is ended"
                     )
-                    continue
-                results[st.request_id] = a
+                results[st.request_id] = res
+                if on_ready is not None:
+                    on_ready(st.request_id, res)
+
+            self._decode(rows, ready)
         return {rid: results[rid] for rid in chunks}
 
     @torch.no_grad()
-    def _decode(self, rows: list[tuple[_Stream, Tensor]]) -> list[Tensor]:
+    def _decode(self, rows: list[tuple[_Stream, Tensor]], ready: Callable[[int, Tensor], None]) -> None:
+        """Decode every row; ``ready(i, audio)`` once per row, as soon as row ``i`` is done."""
         if self.mode == "exact":
-            return self._decode_exact(rows)
-        return self._decode_baseline(rows)
+            self._decode_exact(rows, ready)
+        else:
+            for i, audio in enumerate(self._decode_baseline(rows)):
+                ready(i, audio)
 
-    def _decode_exact(self, rows: list[tuple[_Stream, Tensor]]) -> list[Tensor]:
+    def _decode_exact(self, rows: list[tuple[_Stream, Tensor]], ready: Callable[[int, Tensor], None]) -> None:
         """Pieces of at most ``max_step_frames`` per row; rows grouped so that one step holds at
         most ``max_batch_frames`` padded frames (bounds activation memory).
 
         On CUDA the groups are pipelined: inputs go up from pinned memory and audio comes down
-        into pinned memory asynchronously, in stream order, with one synchronisation at the end.
-        A pageable copy would synchronise the stream on every group, leaving the GPU idle while
-        Python assembles the next group (and a graph's output buffer is only valid until its
-        next replay, which the in-order copy respects)."""
+        into pinned memory asynchronously, in stream order (a pageable copy would synchronise
+        the stream on every group, leaving the GPU idle while Python assembles the next one; a
+        graph's output buffer is only valid until its next replay, which the in-order copy
+        respects). Every group is queued first; then each group's finished rows are handed to
+        ``ready`` as soon as that group's copy lands, so the first rows of a big step do not
+        wait for the last."""
         spf = self.cfg.samples_per_frame
         pin = self.device.type == "cuda"
         pieces: list[list[tuple[Tensor, int]]] = [[] for _ in rows]
         done = [0] * len(rows)
+        landed: list[tuple[torch.cuda.Event, list[int]]] = []  # (copy done, rows it completes)
+
+        def finish(complete: list[int]) -> None:
+            for i in complete:
+                ready(i, torch.cat([w[:k] for w, k in pieces[i]]))
+
         while True:
             active = [i for i, (_, fr) in enumerate(rows) if done[i] < fr.shape[0]]
             if not active:
@@ -247,11 +265,18 @@ class StreamEngine:
                     wav = torch.empty(wav.shape, dtype=wav.dtype, pin_memory=True).copy_(wav, non_blocking=True)
                 for j, i in enumerate(group):
                     pieces[i].append((wav[j], n[j] * spf))
+                complete = [i for i in group if done[i] + take[i] == rows[i][1].shape[0]]
+                if pin:
+                    event = torch.cuda.Event()
+                    event.record()
+                    landed.append((event, complete))
+                else:
+                    finish(complete)
             for i in active:
                 done[i] += take[i]
-        if pin:
-            torch.cuda.current_stream(self.device).synchronize()
-        return [torch.cat([w[:k] for w, k in p]) for p in pieces]
+        for event, complete in landed:  # in queue order
+            event.synchronize()
+            finish(complete)
 
     def _eager_max_rows(self, frames: int) -> int:
         return max(1, self.max_batch_frames // frames)
