@@ -39,6 +39,8 @@ class Result:
     step_p99_ms: float
     ttfp_p50_ms: float
     ttfp_p99_ms: float
+    chunk_p50_ms: float  # every chunk: push -> its audio (what a listener's buffer must cover)
+    chunk_p99_ms: float
     steps: int
     mem_weights_mb: float
     mem_state_pool_mb: float
@@ -75,6 +77,7 @@ async def _workload(core: StreamEngine, concurrency: int, frames: int, schedule:
     q, size = core.cfg.num_quantizers, core.cfg.codebook_size
     rng = np.random.default_rng(seed)
     ttfp: list[float] = []
+    chunk: list[float] = []
     audio = [0]
     async with AsyncEngine(core, max_pending_chunks=4) as eng:
 
@@ -87,8 +90,9 @@ async def _workload(core: StreamEngine, concurrency: int, frames: int, schedule:
             for k, n in enumerate(schedule_sizes(schedule, frames)):
                 t0 = time.perf_counter()
                 out = await eng.push(rid, codes[at : at + n])
+                chunk.append(time.perf_counter() - t0)
                 if k == 0:
-                    ttfp.append(time.perf_counter() - t0)
+                    ttfp.append(chunk[-1])
                 audio[0] += out.numel()
                 at += n
             await eng.finish(rid)
@@ -97,7 +101,7 @@ async def _workload(core: StreamEngine, concurrency: int, frames: int, schedule:
         await asyncio.gather(*(one(i) for i in range(concurrency)))
         wall = time.perf_counter() - t0
         stats = eng.stats
-    return wall, audio[0], ttfp, stats
+    return wall, audio[0], ttfp, chunk, stats
 
 
 def run(
@@ -137,7 +141,7 @@ def run(
                 if cuda:
                     torch.cuda.synchronize()
                     torch.cuda.reset_peak_memory_stats()
-                wall, samples, ttfp, stats = asyncio.run(_workload(core, c, frames, schedule, prefix_frames, stagger_s, seed=c))
+                wall, samples, ttfp, chunk, stats = asyncio.run(_workload(core, c, frames, schedule, prefix_frames, stagger_s, seed=c))
                 runner = core.runner
                 hits = getattr(runner, "hits", 0)
                 fb = sum(getattr(runner, "fallbacks", {}).values())
@@ -155,6 +159,8 @@ def run(
                         step_p99_ms=_pct(stats.step_seconds, 99),
                         ttfp_p50_ms=_pct(ttfp, 50),
                         ttfp_p99_ms=_pct(ttfp, 99),
+                        chunk_p50_ms=_pct(chunk, 50),
+                        chunk_p99_ms=_pct(chunk, 99),
                         steps=stats.steps,
                         mem_weights_mb=weights_mb,
                         mem_state_pool_mb=(core.pool.nbytes / 2**20) if core.pool is not None else 0.0,
@@ -172,12 +178,12 @@ def run(
 
 
 def table(results: list[Result]) -> str:
-    head = f"{'mode':<12}{'c':>5}{'pfx':>5}{'x RT':>9}{'step p50':>10}{'step p99':>10}{'TTFP p50':>10}{'TTFP p99':>10}{'pool MB':>9}{'graph MB':>9}{'peak MB':>9}"
+    head = f"{'mode':<12}{'c':>5}{'pfx':>5}{'x RT':>9}{'step p50':>10}{'step p99':>10}{'TTFP p50':>10}{'TTFP p99':>10}{'chunk p99':>10}{'pool MB':>9}{'graph MB':>9}{'peak MB':>9}"
     lines = [head, "-" * len(head)]
     for r in results:
         lines.append(
             f"{r.mode:<12}{r.concurrency:>5}{r.prefix_frames:>5}{r.throughput_x:>9.1f}{r.step_p50_ms:>10.2f}{r.step_p99_ms:>10.2f}"
-            f"{r.ttfp_p50_ms:>10.2f}{r.ttfp_p99_ms:>10.2f}{r.mem_state_pool_mb:>9.0f}{r.mem_graph_pool_mb:>9.0f}{r.mem_peak_mb:>9.0f}"
+            f"{r.ttfp_p50_ms:>10.2f}{r.ttfp_p99_ms:>10.2f}{r.chunk_p99_ms:>10.2f}{r.mem_state_pool_mb:>9.0f}{r.mem_graph_pool_mb:>9.0f}{r.mem_peak_mb:>9.0f}"
         )
     return "\n".join(lines)
 

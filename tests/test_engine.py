@@ -277,6 +277,7 @@ def test_bench_command_reports_every_mode_and_level(tmp_path, capsys):
     for r in rows:
         assert r["audio_s"] == pytest.approx(r["concurrency"] * 5 * SPF / 24000)
         assert r["throughput_x"] > 0 and r["ttfp_p50_ms"] <= r["ttfp_p99_ms"]
+        assert 0 < r["chunk_p50_ms"] <= r["chunk_p99_ms"]  # every chunk (1, 2, 2): push -> audio
         assert (r["mem_state_pool_mb"] > 0) == (r["mode"] == "exact-eager")
     assert "exact-eager" in capsys.readouterr().out
 
