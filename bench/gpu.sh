@@ -11,6 +11,8 @@
 #                              prefix 72 at c=16/256                              [~500 s]
 #   bash bench/gpu.sh service  the service (bench --server, load test) vs in-process   [~160 s]
 #   bash bench/gpu.sh service-quick  the service at c=1/64, prefix 0 and 72             [~120 s]
+#   bash bench/gpu.sh next     fp16 checks and speed, bf16 with every cuDNN algorithm timed,
+#                              251-frame streams in fp16                         [~500 s]
 #   bash bench/gpu.sh offline64  fp32 batch-64 offline, ours vs official, cuDNN heuristics [~60 s]
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -73,6 +75,13 @@ service-quick)
   start_server
   timeout 60 python3 -m code2wav bench --server http://127.0.0.1:8091 --levels 1,64 --frames 101 --prefix 0,72 --out "$OUT/service" 2>&1 | tee "$OUT/service.txt"
   kill "$SERVER"; echo "=== service ==="; tail -n 6 "$OUT/service.txt"
+  ;;
+next)  # what session 3 left unmeasured: fp16 speed, all cuDNN algorithms, longer streams
+  timeout 130 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
+  timeout 70 python3 bench/profile_step.py bfloat16 channels_last 0 2>&1 | tee "$OUT/profile_limit0.txt"
+  timeout 70 python3 bench/profile_step.py float16 2>&1 | tee "$OUT/profile_fp16.txt"
+  timeout 200 python3 -m code2wav.bench --modes exact-graph --levels 1,16,64,256 --frames 251 --dtype float16 --out "$OUT/fp16" 2>&1 | tee "$OUT/bench_fp16.txt"
+  echo "=== summary ==="; checks_summary; grep -A9 "eager ms" "$OUT"/profile_*.txt; tail -n 6 "$OUT/bench_fp16.txt"
   ;;
 offline64)
   python3 bench/offline.py --device cuda --dtypes float32 --batches 64 --frames 125 --repeat 2 --no-autotune 2>&1 | tee "$OUT/offline_fp32_b64.txt"

@@ -16,9 +16,13 @@ from code2wav.stream.engine import StreamEngine
 
 
 def main() -> int:
+    """argv: [dtype] [layouts] [cuDNN benchmark_limit: algorithms timed per shape, 0 = all]."""
     dtype = getattr(torch, sys.argv[1] if len(sys.argv) > 1 else "bfloat16")
     layouts = sys.argv[2].split(",") if len(sys.argv) > 2 else ["channels_last"]  # the CUDA default
     configure_cuda(dtype)
+    if len(sys.argv) > 3:
+        torch.backends.cudnn.benchmark_limit = int(sys.argv[3])
+    print(f"{dtype}, cuDNN benchmark_limit {torch.backends.cudnn.benchmark_limit}")
     shapes = [(1, 1), (16, 1), (1, 25), (5, 25), (10, 25), (16, 25), (20, 25), (64, 8)]
     g = torch.Generator().manual_seed(0)
     for layout in layouts:  # the same step, conv weights stored either way
