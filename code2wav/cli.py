@@ -145,6 +145,8 @@ def write_audio(path: str, kind: str, wav, sample_rate: int) -> None:
         else:
             import soundfile as sf
 
+            if data.dtype == np.float16:  # soundfile takes float32/64 (exact for float16 values)
+                data = data.astype(np.float32)
             sf.write(path, data, sample_rate, subtype="PCM_16", format=kind[1:].upper())
     except (OSError, RuntimeError) as e:  # soundfile raises LibsndfileError (a RuntimeError)
         raise CliError(f"output {path}: cannot write ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None

@@ -121,6 +121,9 @@ def test_float16_decode_keeps_30_db_of_the_float64_output(ckpt, model64, tmp_pat
         got = torch.from_numpy(np.load(out)).double()
         snr[dtype] = 10 * torch.log10(ref.pow(2).sum() / (ref - got).pow(2).sum()).item()
     assert snr["float16"] >= 30.0 and snr["float16"] >= snr["bfloat16"] + 10.0, snr
+    wav = tmp_path / "float16.wav"  # and as 16-bit PCM, like every other dtype
+    assert decode(ckpt, save(tmp_path, "c.npy", c), str(wav), "--dtype", "float16") == 0
+    assert sf.read(wav)[0].shape == (40 * SPF,)
 
 
 # -- streaming ---------------------------------------------------------------------------------------
@@ -259,7 +262,7 @@ def _bad_cases(tmp: Path, ckpt: Path) -> dict[str, tuple[list[str], str]]:
         "official_prefix": (["decode", good, "-o", out, "--mode", "official", "--prefix", good, *m], "official"),
         "bad_device": (["decode", good, "-o", out, "--device", "tpu", *m], "--device"),
         "meta_device": (["decode", good, "-o", out, "--device", "meta", *m], "--device"),
-        "bad_dtype": (["decode", good, "-o", out, "--dtype", "float16", *m], "--dtype"),
+        "bad_dtype": (["decode", good, "-o", out, "--dtype", "int8", *m], "--dtype"),
         "bad_mode": (["decode", good, "-o", out, "--mode", "fast", *m], "--mode"),
         "out_dir_missing": (["decode", good, "-o", str(tmp / "nodir" / "o.wav"), *m], "does not exist"),
         "out_unknown_ext": (["decode", good, "-o", str(tmp / "o.mp3"), *m], "unknown extension"),
