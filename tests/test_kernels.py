@@ -34,6 +34,7 @@ def triton_on_cpu(monkeypatch):
     monkeypatch.setattr(snake, "fused", lambda x: x.dtype != torch.float64)
     # The interpreter runs programs one by one in Python: fewer, larger blocks (same results).
     monkeypatch.setattr(snake, "BLOCK", 1 << 16)
+    monkeypatch.setattr(snake, "MAX_TILE_EDGE", (1 << 14, 1 << 10))
     monkeypatch.setattr(mono_conv, "BLOCK_T", 4096)
     with one_thread():
         yield
@@ -65,6 +66,30 @@ def test_snake_and_residual_kernels_match_eager(layout, with_bias):
     trimmed = x[..., 3:30]  # a strided view, as a trimmed ConvTranspose output is
     y = snake.bias_add(trimmed, bias)
     assert close(y, trimmed + bias[:, None]) and snake.is_channels_last(y) == (layout == "channels_last")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_kernels_are_exact_across_tile_boundaries(monkeypatch, layout):
+    """With tiles far smaller than the tensors (as on the GPU), every program's slice of time and
+    channels, and the history / new-sample seam inside a tile, still give the eager result."""
+    monkeypatch.setattr(snake, "BLOCK", 32)
+    monkeypatch.setattr(snake, "MAX_TILE_EDGE", (8, 4))
+    g = torch.Generator().manual_seed(2)
+    B, C, L, H, rate = 3, 11, 29, 7, 3
+    x = laid_out(torch.randn(B, C, L, generator=g) * 3, layout)
+    h = laid_out(torch.randn(B, C, L, generator=g), layout)
+    alpha, beta, bias = (torch.randn(C, generator=g) * 0.3 for _ in range(3))
+    assert close(snake.snake_beta(x, alpha, beta, bias), snake.snake_beta_eager(x, alpha, beta, bias))
+    assert close(snake.residual_add(x, h, bias), x + (h + bias[:, None]))
+    assert close(snake.bias_add(x[..., 2:27], bias), x[..., 2:27] + bias[:, None])
+    pool = torch.randn(5, C, H, generator=g)
+    slots, n_new = torch.tensor([4, 0, 2]), torch.tensor([9, 0, 5])
+    xx = history.history_cat(x, H, pool, slots, (alpha, beta), bias)
+    assert close(xx, torch.cat([pool[slots], snake.snake_beta_eager(x, alpha, beta, bias)], dim=-1))
+    expect = pool.clone()
+    expect[slots] = window(xx, n_new * rate, H, dim=-1)
+    history.history_write(pool, slots, xx, n_new, rate, H)
+    assert close(pool, expect)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
