@@ -40,7 +40,7 @@ def main() -> int:
         m = Decoder(cfg)
         m.load_state_dict(weights)
         m.to(torch.float64 if dtype == torch.float64 else torch.float32)
-        m.fold_codebooks(dtype)
+        m.fold(dtype)
         return m.to(dtype).eval()
 
     codes = torch.randint(0, cfg.codebook_size, (1, cfg.num_quantizers, args.frames), generator=torch.Generator().manual_seed(args.seed))

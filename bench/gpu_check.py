@@ -31,8 +31,7 @@ def load(weights: dict, dtype: torch.dtype, device: str) -> Decoder:
     m = Decoder(DecoderConfig())
     m.load_state_dict(weights)
     m.to(torch.float64 if dtype == torch.float64 else torch.float32)
-    m.fold_codebooks(dtype)
-    m.pre_transformer.fuse_projections()
+    m.fold(dtype)
     m = m.to(device=device, dtype=dtype).eval().requires_grad_(False)
     return m.channels_last() if device.startswith("cuda") else m
 
@@ -40,6 +39,15 @@ def load(weights: dict, dtype: torch.dtype, device: str) -> Decoder:
 def snr_db(ref: torch.Tensor, x: torch.Tensor) -> float:
     ref, x = ref.double(), x.double()
     return 10 * torch.log10(ref.pow(2).sum() / (ref - x).pow(2).sum()).item()
+
+
+def graph_stream(model: Decoder, codes: torch.Tensor) -> torch.Tensor:
+    """The check stream (prefix 40, chunks 1,25,25,25,4) through graphs of its chunk sizes'
+    buckets only, prefill included."""
+    e = StreamEngine(model, max_streams=2)
+    e.runner = GraphRunner(model, e.pool, batch_sizes=(1,), frame_sizes=(1, 4, 25), max_batch_frames=32)
+    e.runner.capture(e.prefill_shapes())
+    return stream(e, "x", codes, 40, [1, 25, 25, 25, 4])
 
 
 def stream(engine: StreamEngine, rid: str, codes: torch.Tensor, prefix: int, sizes: list[int]) -> torch.Tensor:
@@ -73,21 +81,13 @@ def main() -> int:
     with torch.no_grad():
         ref = m64(codes[:120].T[None])[0, 0][40 * SPF :]
     m32cl = load(weights, torch.float32, "cuda").channels_last()
-    for name, mod in (("contiguous", m32), ("channels-last", m32cl)):  # the chunk sizes' buckets only
-        e = StreamEngine(mod, max_streams=2)
-        e.runner = GraphRunner(mod, e.pool, batch_sizes=(1,), frame_sizes=(1, 4, 25), max_batch_frames=32)
-        e.runner.capture(e.prefill_shapes())
-        err = ((stream(e, "x", codes, 40, [1, 25, 25, 25, 4]).double() - ref).abs().max() / ref.abs().max()).item()
+    for name, mod in (("contiguous", m32), ("channels-last", m32cl)):
+        err = ((graph_stream(mod, codes).double() - ref).abs().max() / ref.abs().max()).item()
         check(f"graph fp32 stream ({name} convs) vs fp64 forward", err <= 1e-4, f"max err / peak {err:.2e} (prefix 40, chunks 1,25,25,25,4)")
-    del m32cl, e
+    del m32cl
 
     # 3. bf16 graph stream SNR vs fp32.
-    engb = StreamEngine(mbf, max_streams=2)
-    rb = GraphRunner(mbf, engb.pool, batch_sizes=(1,), frame_sizes=(1, 4, 25), max_batch_frames=32)
-    rb.capture(engb.prefill_shapes())
-    engb.runner = rb
-    outb = stream(engb, "x", codes, 40, [1, 25, 25, 25, 4])
-    snr = snr_db(ref, outb.float())
+    snr = snr_db(ref, graph_stream(mbf, codes).float())
     with torch.no_grad():
         whole_bf16 = mbf(codes[:120].T[None].cuda())[0, 0][40 * SPF :].float().cpu()
     snr_whole = snr_db(ref, whole_bf16)
@@ -112,14 +112,9 @@ def main() -> int:
     print(f"INFO bf16 SNR vs fp64: {snr:.1f} dB (target 30 dB)")
 
     # 3b. fp16 (same tensor-core speed, 3 more mantissa bits): the same stream through graphs.
-    m16 = load(weights, torch.float16, "cuda")
-    e16 = StreamEngine(m16, max_streams=2)
-    e16.runner = GraphRunner(m16, e16.pool, batch_sizes=(1,), frame_sizes=(1, 4, 25), max_batch_frames=32)
-    e16.runner.capture(e16.prefill_shapes())
-    out16 = stream(e16, "x", codes, 40, [1, 25, 25, 25, 4]).float()
+    out16 = graph_stream(load(weights, torch.float16, "cuda"), codes).float()
     snr16 = snr_db(ref, out16)
     check("graph fp16 stream SNR >= 30 dB", bool(torch.isfinite(out16).all()) and snr16 >= 30.0, f"{snr16:.1f} dB vs fp64")
-    del m16, e16
     if "--quick" in sys.argv:  # skips the all-buckets captures below (minutes of cuDNN autotune)
         print(f"SUMMARY gpu_check (quick): {len(failures)} failed: {failures}")
         return 1 if failures else 0

@@ -25,7 +25,7 @@ def child(budget: int) -> None:
 
     configure_cuda(torch.bfloat16)
     m = random_decoder(DecoderConfig())
-    m.fold_codebooks(torch.bfloat16)
+    m.fold(torch.bfloat16)
     m = m.to("cuda", torch.bfloat16).eval().requires_grad_(False).channels_last()
     eng = StreamEngine(m, max_streams=256, max_batch_frames=budget)
     rows = budget // 25

@@ -67,8 +67,7 @@ def main() -> int:
         dtype = getattr(torch, dname)
         ours = Decoder(DecoderConfig())
         ours.load_state_dict(weights)
-        ours.fold_codebooks(dtype)  # folded from the fp32 weights, then cast once
-        ours.pre_transformer.fuse_projections()
+        ours.fold(dtype)  # folded from the fp32 weights, then cast once
         ours = ours.to(args.device, dtype).eval()
         if args.device.startswith("cuda"):
             ours.channels_last()

@@ -27,7 +27,7 @@ def main() -> int:
     g = torch.Generator().manual_seed(0)
     for layout in layouts:  # the same step, conv weights stored either way
         m = random_decoder(DecoderConfig())
-        m.fold_codebooks(dtype)
+        m.fold(dtype)
         m = m.to("cuda", dtype).eval().requires_grad_(False)
         if layout == "channels_last":
             m.channels_last()

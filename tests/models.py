@@ -38,8 +38,7 @@ def model(cfg: DecoderConfig = SMALL, dtype: torch.dtype = torch.float64, seed: 
     m = Decoder(cfg)
     m.load_state_dict(_weights(cfg, seed))
     m.to(torch.float64 if dtype == torch.float64 else torch.float32)
-    m.fold_codebooks(dtype)
-    m.pre_transformer.fuse_projections()
+    m.fold(dtype)
     return m.to(dtype).eval().requires_grad_(False)
 
 

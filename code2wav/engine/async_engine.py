@@ -8,9 +8,9 @@ the first groups' rows do not wait for the last). One chunk per stream per step 
 order. Queues are bounded: a stream with too many chunks in flight is refused, never buffered
 without limit.
 
-A push may carry an ``encode`` function (e.g. audio -> PCM bytes). It runs on the worker right
-after the step, so per-chunk conversion stays off the event loop, which is the service's
-bottleneck once steps are batched.
+A push may carry an ``encode`` function (e.g. audio -> PCM bytes). It runs on the worker as soon
+as the row's audio is ready, so per-chunk conversion stays off the event loop, which is the
+service's bottleneck once steps are batched.
 """
 
 from __future__ import annotations

@@ -74,13 +74,10 @@ def tile_shape(C: int, L: int, channels_last: bool) -> tuple[int, int]:
     return bl, max(BLOCK // bl, 2)
 
 
-APPROX_SIN = True  # a module knob so benchmarks can compare
-
-
 def fast_sin(x: Tensor) -> bool:
     """The hardware's approximate sine (abs error ~1e-6) where the output is bf16/fp16 anyway;
     float32 keeps the precise one (it is the exactness path). Not in Triton's interpreter."""
-    return APPROX_SIN and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
+    return x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
 
 
 if triton is not None:

@@ -80,7 +80,7 @@ class SplitRVQ(nn.Module):
     def forward(self, codes: Tensor) -> Tensor:
         """codes [B, Q, T] in [0, codebook_size) -> [B, codebook_dim, T]."""
         if self.table is None:
-            raise RuntimeError("codebooks are not folded: call Decoder.fold_codebooks() after loading weights")
+            raise RuntimeError("codebooks are not folded: call Decoder.fold() after loading weights")
         B, Q, T = codes.shape
         idx = codes.transpose(1, 2) + self.offsets  # [B, T, Q] rows of the stacked table
         return F.embedding(idx, self.table).sum(2).transpose(1, 2)
@@ -133,8 +133,12 @@ class Decoder(nn.Module):
         yield from self.upsample.modules()
         yield from self.decoder.modules()
 
-    def fold_codebooks(self, dtype: torch.dtype | None = None) -> None:
+    def fold(self, dtype: torch.dtype | None = None) -> None:
+        """Derive the inference-only weights from the loaded ones (call after loading, and again
+        if they change): the codebooks folded into one lookup table (in ``dtype``), and the
+        transformer's fused q/k/v and gate/up matrices for its CUDA path."""
         self.quantizer.fold(dtype)
+        self.pre_transformer.fuse_projections()
 
     def channels_last(self) -> "Decoder":
         """Run the conv stack channels-last: weights stored [out, k, in], activations [B, L, C] in

@@ -42,8 +42,7 @@ def random_decoder(cfg: DecoderConfig, seed: int = 0, target_std: float = 0.3) -
             gain = 0.5 if ".conv1." in name or ".conv2." in name else 1.0  # residual branches
             p.copy_(torch.randn(p.shape, generator=g) * gain / fan_in**0.5)
     # Rescale the last conv so the (unclamped) output has the target spread.
-    model.fold_codebooks()
-    model.pre_transformer.fuse_projections()
+    model.fold()
     codes = torch.randint(0, cfg.codebook_size, (1, cfg.num_quantizers, 8), generator=g)
     captured: list[torch.Tensor] = []
     handle = model.decoder[-1].register_forward_hook(lambda m, i, o: captured.append(o))  # pre-clamp

@@ -141,8 +141,7 @@ def load_decoder(
     work_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     model.load_state_dict({k: v.to(work_dtype) for k, v in tensors.items()}, strict=True, assign=True)
     model.to(work_dtype)
-    model.fold_codebooks(dtype)
-    model.pre_transformer.fuse_projections()  # fused q/k/v and gate/up weights for the CUDA path
+    model.fold(dtype)
     model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
     if torch.device(device).type == "cuda":
         configure_cuda(dtype)
