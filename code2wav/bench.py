@@ -5,6 +5,10 @@ chunk, then steady chunks (default 1 then 25 frames, like a talker), as fast as 
 back, and finishes. Per mode and concurrency level we report aggregate throughput (audio seconds
 per wall second), step latency p50/p99, time to first packet (first frames pushed -> first audio
 back) p50/p99, and GPU memory.
+
+Two loads: a burst (default: each of N streams decodes once; the staggered arrivals and the
+drain are part of the measurement) and, with ``--seconds``, sustained load (N workers open
+stream after stream; a window is measured once all N run), which is what one GPU holds.
 """
 
 from __future__ import annotations
@@ -13,13 +17,13 @@ import argparse
 import asyncio
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from code2wav.engine.async_engine import AsyncEngine
+from code2wav.engine.async_engine import AsyncEngine, EngineStats
 from code2wav.model.decoder import Decoder
 from code2wav.stream.engine import StreamEngine
 
@@ -48,6 +52,7 @@ class Result:
     mem_peak_mb: float
     graph_hits: int
     graph_fallbacks: int
+    sustained_s: float = 0.0  # >0: workers opened streams back to back; a window this long was measured
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -73,35 +78,64 @@ def build_engine(model: Decoder, mode: str, max_streams: int, max_batch_frames: 
     return core
 
 
-async def _workload(core: StreamEngine, concurrency: int, frames: int, schedule: list[int], prefix: int, stagger_s: float, seed: int):
+async def _workload(core: StreamEngine, concurrency: int, frames: int, schedule: list[int], prefix: int, stagger_s: float, seed: int, seconds: float = 0.0) -> "_Measured":
+    """``concurrency`` workers, started ``stagger_s`` apart. With ``seconds == 0`` each decodes
+    one stream and everything is measured. With ``seconds > 0`` each opens stream after stream
+    (sustained load: what a GPU holds, not how a burst drains), and only a window of that length
+    is measured, opening once every worker has started: audio of chunks completed in it, latency
+    of chunks pushed in it, steps ended in it."""
     q, size = core.cfg.num_quantizers, core.cfg.codebook_size
     rng = np.random.default_rng(seed)
-    ttfp: list[float] = []
-    chunk: list[float] = []
-    audio = [0]
+    m = _Measured()
     async with AsyncEngine(core, max_pending_chunks=4) as eng:
+        t0 = time.perf_counter()
+        start = t0 + (concurrency - 1) * stagger_s if seconds > 0 else t0
+        end = start + seconds if seconds > 0 else float("inf")
+        inside = lambda t: start <= t <= end  # noqa: E731
+        eng.on_step.append(lambda s, rows: m.steps.append(s) if inside(time.perf_counter()) else None)
 
-        async def one(i: int) -> None:
-            await asyncio.sleep(i * stagger_s)
+        async def stream(rid: str) -> None:
             codes = rng.integers(0, size, (prefix + frames, q))
-            rid = f"bench-{seed}-{i}"
             await eng.open(rid, codes[:prefix] if prefix else None)
             at = prefix
             for k, n in enumerate(schedule_sizes(schedule, frames)):
-                t0 = time.perf_counter()
+                if time.perf_counter() > end:
+                    break  # the window closed: free the slot, the rest is not measured
+                pushed = time.perf_counter()
                 out = await eng.push(rid, codes[at : at + n])
-                chunk.append(time.perf_counter() - t0)
-                if k == 0:
-                    ttfp.append(chunk[-1])
-                audio[0] += out.numel()
+                done = time.perf_counter()
+                if inside(pushed):
+                    m.chunk.append(done - pushed)
+                    if k == 0:
+                        m.ttfp.append(done - pushed)
+                if inside(done):
+                    m.samples += out.numel()
                 at += n
             await eng.finish(rid)
+            m.streams += 1
 
-        t0 = time.perf_counter()
-        await asyncio.gather(*(one(i) for i in range(concurrency)))
-        wall = time.perf_counter() - t0
-        stats = eng.stats
-    return wall, audio[0], ttfp, chunk, stats
+        async def worker(i: int) -> None:
+            await asyncio.sleep(i * stagger_s)
+            n = 0
+            while n == 0 or (seconds > 0 and time.perf_counter() < end):
+                await stream(f"bench-{seed}-{i}-{n}")
+                n += 1
+
+        await asyncio.gather(*(worker(i) for i in range(concurrency)))
+        m.wall = seconds if seconds > 0 else time.perf_counter() - t0
+        m.stats = eng.stats
+    return m
+
+
+@dataclass
+class _Measured:
+    wall: float = 0.0
+    samples: int = 0
+    streams: int = 0
+    ttfp: list[float] = field(default_factory=list)
+    chunk: list[float] = field(default_factory=list)
+    steps: list[float] = field(default_factory=list)
+    stats: EngineStats | None = None
 
 
 def run(
@@ -114,6 +148,7 @@ def run(
     stagger_s: float = 0.002,
     max_batch_frames: int = 256,
     progress: bool = True,
+    seconds: float = 0.0,
 ) -> list[Result]:
     schedule = schedule or [1, 25]
     cuda = next(model.parameters()).is_cuda
@@ -141,33 +176,32 @@ def run(
                 if cuda:
                     torch.cuda.synchronize()
                     torch.cuda.reset_peak_memory_stats()
-                wall, samples, ttfp, chunk, stats = asyncio.run(_workload(core, c, frames, schedule, prefix_frames, stagger_s, seed=c))
+                m = asyncio.run(_workload(core, c, frames, schedule, prefix_frames, stagger_s, seed=c, seconds=seconds))
                 runner = core.runner
-                hits = getattr(runner, "hits", 0)
-                fb = sum(getattr(runner, "fallbacks", {}).values())
-                audio_s = samples / core.cfg.sample_rate
+                audio_s = m.samples / core.cfg.sample_rate
                 results.append(
                     Result(
                         mode=mode,
                         concurrency=c,
                         prefix_frames=prefix_frames,
-                        streams=c,
+                        streams=m.streams,
                         audio_s=audio_s,
-                        wall_s=wall,
-                        throughput_x=audio_s / wall,
-                        step_p50_ms=_pct(stats.step_seconds, 50),
-                        step_p99_ms=_pct(stats.step_seconds, 99),
-                        ttfp_p50_ms=_pct(ttfp, 50),
-                        ttfp_p99_ms=_pct(ttfp, 99),
-                        chunk_p50_ms=_pct(chunk, 50),
-                        chunk_p99_ms=_pct(chunk, 99),
-                        steps=stats.steps,
+                        wall_s=m.wall,
+                        throughput_x=audio_s / m.wall,
+                        step_p50_ms=_pct(m.steps, 50),
+                        step_p99_ms=_pct(m.steps, 99),
+                        ttfp_p50_ms=_pct(m.ttfp, 50),
+                        ttfp_p99_ms=_pct(m.ttfp, 99),
+                        chunk_p50_ms=_pct(m.chunk, 50),
+                        chunk_p99_ms=_pct(m.chunk, 99),
+                        steps=len(m.steps),
                         mem_weights_mb=weights_mb,
                         mem_state_pool_mb=(core.pool.nbytes / 2**20) if core.pool is not None else 0.0,
                         mem_graph_pool_mb=graph_mb,
                         mem_peak_mb=torch.cuda.max_memory_allocated() / 2**20 if cuda else float("nan"),
-                        graph_hits=hits,
-                        graph_fallbacks=fb,
+                        graph_hits=getattr(runner, "hits", 0),
+                        graph_fallbacks=sum(getattr(runner, "fallbacks", {}).values()),
+                        sustained_s=seconds,
                     )
                 )
                 print(json.dumps(asdict(results[-1])), flush=True)  # kept even if a later level is cut off
@@ -223,6 +257,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunks", default="1,25", help="chunk schedule, the last size repeating")
     p.add_argument("--prefix", default="0", help="reference prefix frames; comma list runs each")
     p.add_argument("--stagger-ms", type=float, default=2.0)
+    p.add_argument("--seconds", type=float, default=0.0,
+                   help="sustained load: each of the c workers opens stream after stream and a window of this many seconds is "
+                        "measured once all have started (0: each worker decodes one stream and the whole burst is measured)")
     p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=True,
                    help="CUDA: run the conv stack channels-last (the default; --no-channels-last: contiguous)")
     p.add_argument("--max-batch-frames", type=int, default=256, help="padded frames per graph; sets the graph pool size (bf16 H200: 128 -> 0.5 GiB, 256 -> 1.0 GiB, 512 -> 1.6 GiB)")
@@ -266,11 +303,11 @@ def main(args: argparse.Namespace) -> int:
     chunks = [int(x) for x in args.chunks.split(",")]
     results: list[Result] = []
     prefixes = tuple(int(x) for x in args.prefix.split(","))
-    results += run(model, modes, levels, args.frames, chunks, prefixes, args.stagger_ms / 1e3, args.max_batch_frames)
+    results += run(model, modes, levels, args.frames, chunks, prefixes, args.stagger_ms / 1e3, args.max_batch_frames, seconds=args.seconds)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu", "dtype": args.dtype, "torch": torch.__version__,
-            "channels_last": args.channels_last, "max_batch_frames": args.max_batch_frames}
+            "channels_last": args.channels_last, "max_batch_frames": args.max_batch_frames, "sustained_s": args.seconds}
     (out / "results.json").write_text(json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=2))
     plot(results, out / "plot.png")
     print(table(results))

@@ -45,7 +45,7 @@ def as_frames(
         raise CodesError("empty", f"{what}: no frames")
     t = t.to(torch.int64)
     if t.numel():
-        lo, hi = int(t.min()), int(t.max())
+        lo, hi = (int(v) for v in torch.aminmax(t))
         if lo < 0 or hi >= codebook_size:
             bad = lo if lo < 0 else hi
             raise CodesError("out_of_range", f"{what}: code {bad} outside [0, {codebook_size})")

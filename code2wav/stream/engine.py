@@ -27,6 +27,7 @@ from typing import Callable, Literal, Mapping
 
 import torch
 from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
 
 from code2wav.codes import CodesError, as_frames
 from code2wav.model.decoder import Decoder
@@ -244,8 +245,8 @@ class StreamEngine:
         landed: list[tuple[torch.cuda.Event, list[int]]] = []  # (copy done, rows it completes)
 
         def finish(complete: list[int]) -> None:
-            for i in complete:
-                ready(i, torch.cat([w[:k] for w, k in pieces[i]]))
+            for i in complete:  # a one-piece row (the usual case) is a view: no copy
+                ready(i, pieces[i][0][0][: pieces[i][0][1]] if len(pieces[i]) == 1 else torch.cat([w[:k] for w, k in pieces[i]]))
 
         while True:
             active = [i for i, (_, fr) in enumerate(rows) if done[i] < fr.shape[0]]
@@ -255,9 +256,10 @@ class StreamEngine:
             take = {i: min(rows[i][1].shape[0] - done[i], piece) for i in active}
             for group in _groups(active, take, self._max_rows):
                 n = [take[i] for i in group]
-                codes = torch.zeros(len(group), self.cfg.num_quantizers, max(n), dtype=torch.long, pin_memory=pin)
-                for j, i in enumerate(group):
-                    codes[j, :, : n[j]] = rows[i][1][done[i] : done[i] + n[j]].T
+                # [B, max n, Q] zero-padded in one call, then laid out [B, Q, T] (pinned on CUDA)
+                padded = pad_sequence([rows[i][1][done[i] : done[i] + n[j]] for j, i in enumerate(group)], batch_first=True)
+                codes = torch.empty(padded.shape[0], padded.shape[2], padded.shape[1], dtype=torch.long, pin_memory=pin)
+                codes.copy_(padded.transpose(1, 2))
                 meta = torch.tensor([[rows[i][0].slot for i in group], n])
                 slots, n_new = (meta.pin_memory() if pin else meta).unbind(0)
                 wav = self.runner(codes, slots, n_new)

@@ -66,10 +66,9 @@ class StatePool:
 
     def reset(self, slot: int) -> None:
         """Cold-start state: zero conv history is the forward's zero padding; KV rows are
-        masked by position, zeroed anyway so nothing stale survives."""
-        for b in self.buffers.values():
-            b[slot].zero_()
-        self.position[slot] = 0
+        masked by position, zeroed anyway so nothing stale survives. One multi-tensor launch,
+        not one per layer: opens run between a busy engine's steps."""
+        torch._foreach_zero_([b[slot] for b in self.buffers.values()] + [self.position[slot : slot + 1]])
 
     def _inputs(self, *tensors: Tensor) -> list[Tensor]:
         # A no-op for device tensors (so a pass stays pure device work with static shapes: what

@@ -1,0 +1,47 @@
+"""The engine's host-side ceiling: the bench workload with a runner that does no decoder work.
+
+Every step still validates and packs codes, copies them to the device, allocates its output and
+hands rows back through the async engine, so the throughput printed here is what the Python
+side alone could sustain: if it is not far above the real workload's, the host is the limit.
+argv: [device] [levels] [seconds per level].
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import torch
+
+from code2wav.bench import _workload
+from code2wav.model.config import DecoderConfig
+from code2wav.model.decoder import Decoder
+from code2wav.stream.engine import StreamEngine
+
+
+def main() -> int:
+    device = sys.argv[1] if len(sys.argv) > 1 else ("cuda" if torch.cuda.is_available() else "cpu")
+    levels = [int(x) for x in (sys.argv[2] if len(sys.argv) > 2 else "1,16,64,256").split(",")]
+    seconds = float(sys.argv[3]) if len(sys.argv) > 3 else 2.0
+    cfg = DecoderConfig()
+    model = Decoder(cfg).to(device, torch.bfloat16)  # weights unused; the pool is the real size
+    core = StreamEngine(model, max_streams=max(levels), max_step_frames=32, max_batch_frames=256)
+    spf = cfg.samples_per_frame
+
+    def no_decode(codes: torch.Tensor, slots: torch.Tensor, n_new: torch.Tensor) -> torch.Tensor:
+        codes, slots, n_new = core.pool._inputs(codes, slots, n_new)
+        return torch.zeros(codes.shape[0], codes.shape[2] * spf, device=device, dtype=torch.bfloat16)
+
+    core.runner = no_decode
+    print(f"host-only workload on {device}, chunks 1 then 25, 101 frames per stream, sustained {seconds:.0f} s per level")
+    print(f"{'c':>5}{'x RT':>9}{'steps/s':>9}{'step ms':>9}{'TTFP p50 ms':>13}")
+    for c in levels:
+        m = asyncio.run(_workload(core, c, 101, [1, 25], 0, 0.002, seed=c, seconds=seconds))
+        ttfp = sorted(m.ttfp)[len(m.ttfp) // 2] * 1e3 if m.ttfp else float("nan")
+        mean_step = 1e3 * sum(m.steps) / max(1, len(m.steps))
+        print(f"{c:>5}{m.samples / cfg.sample_rate / m.wall:>9.0f}{len(m.steps) / m.wall:>9.0f}{mean_step:>9.2f}{ttfp:>13.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
