@@ -13,6 +13,8 @@
 #   bash bench/gpu.sh service-quick  the service at c=1/64, prefix 0 and 72             [~120 s]
 #   bash bench/gpu.sh next     host-side ceiling; sustained load in bf16, fp16 and at budget 512;
 #                              fp16 step profile; bf16 with every cuDNN algorithm timed  [~450 s]
+#   bash bench/gpu.sh session4 quick checks; sustained load (budget 256, prefix 0/72; budget 512
+#                              with expandable segments); the burst workload            [~500 s]
 #   bash bench/gpu.sh offline64  fp32 batch-64 offline, ours vs official, cuDNN heuristics [~60 s]
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -76,7 +78,7 @@ service-quick)
   timeout 60 python3 -m code2wav bench --server http://127.0.0.1:8091 --levels 1,64 --frames 101 --prefix 0,72 --out "$OUT/service" 2>&1 | tee "$OUT/service.txt"
   kill "$SERVER"; echo "=== service ==="; tail -n 6 "$OUT/service.txt"
   ;;
-next)  # session 4: host-side ceiling, sustained load (bf16, fp16, budget 512), fp16 and all-algorithm step profiles
+next)  # session 4, first call: host-side ceiling, sustained load (bf16, fp16, budget 512), fp16 and all-algorithm step profiles
   timeout 60 python3 bench/host_overhead.py cuda 1,16,64,256 2 2>&1 | tee "$OUT/host.txt"
   timeout 130 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
   timeout 70 python3 bench/profile_step.py float16 2>&1 | tee "$OUT/profile_fp16.txt"
@@ -88,6 +90,14 @@ next)  # session 4: host-side ceiling, sustained load (bf16, fp16, budget 512), 
   timeout 70 python3 -m code2wav.bench --modes exact-graph --levels 1,16,64,256 --frames 101 --out /tmp/burst 2>&1 | tee "$OUT/burst.txt"
   echo "=== summary ==="; checks_summary; cat "$OUT/host.txt"; grep -A9 "eager ms" "$OUT"/profile_*.txt
   for f in sustained_bfloat16 sustained_float16 sustained_512 burst; do echo "-- $f"; grep -A6 "^mode" "$OUT/$f.txt"; done
+  ;;
+session4)  # continuous steps: checks, sustained load at budgets 256 and 512, the burst for comparison
+  timeout 130 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
+  timeout 200 python3 -m code2wav.bench --modes exact-graph --levels 1,16,64,256 --prefix 0,72 --seconds 3 --out /tmp/sustained 2>&1 | grep -v "it/s]" | tee "$OUT/sustained.txt"
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 160 python3 -m code2wav.bench --modes exact-graph --levels 64,256 --seconds 3 --max-batch-frames 512 --out /tmp/sustained_512 2>&1 | grep -v "it/s]" | tee "$OUT/sustained_512.txt"
+  timeout 130 python3 -m code2wav.bench --modes exact-graph --levels 1,16,64,256 --frames 101 --out /tmp/burst 2>&1 | grep -v "it/s]" | tee "$OUT/burst.txt"
+  echo "=== summary ==="; checks_summary
+  for f in sustained sustained_512 burst; do echo "-- $f"; grep -A10 "^mode" "$OUT/$f.txt"; done
   ;;
 offline64)
   python3 bench/offline.py --device cuda --dtypes float32 --batches 64 --frames 125 --repeat 2 --no-autotune 2>&1 | tee "$OUT/offline_fp32_b64.txt"

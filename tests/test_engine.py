@@ -229,6 +229,113 @@ def test_async_chunk_resolves_before_its_step_ends(m, codes):
     assert (a - ref).abs().max() <= 1e-9 and (b - ref).abs().max() <= 1e-9
 
 
+def test_new_chunks_join_a_running_step(m, codes):
+    """Continuous batching: while a step's group is running, a stream opens (at once: opening
+    does not queue behind the step) and pushes; its chunk and the next chunk of a stream whose
+    audio already came back join the same step's later groups. Every output stays exact."""
+    import threading
+
+    async def main():
+        core = StreamEngine(m, max_streams=3, max_step_frames=8, max_batch_frames=8)  # one row per group
+        hold, held = threading.Event(), threading.Event()
+        inner, calls = core.runner, []
+        core.step = _counting(core.step, calls)
+
+        def runner(c, slots, n_new):
+            if slots.tolist() == [1] and not hold.is_set():  # the first group of stream "b" waits
+                held.set()
+                assert hold.wait(10)
+            return inner(c, slots, n_new)
+
+        core.runner = runner
+        async with AsyncEngine(core) as eng:
+            await eng.open("a")
+            await eng.open("b")
+            fa, fb = eng.submit("a", codes[:8]), eng.submit("b", codes[:8])
+            a1 = await asyncio.wait_for(fa, 10)  # "a" is back while "b" is held
+            while not held.is_set():
+                await asyncio.sleep(0.001)
+            await asyncio.wait_for(eng.open("c"), 1)  # does not wait for the step
+            fc, fa2 = eng.submit("c", codes[:5]), eng.submit("a", codes[8:13])
+            hold.set()
+            outs = await asyncio.wait_for(asyncio.gather(fb, fc, fa2), 10)
+            for rid in "abc":
+                await eng.finish(rid)
+            return a1, outs, calls, eng.stats
+
+    a1, (b, c, a2), calls, stats = asyncio.run(main())
+    assert len(calls) == 1, "the later chunks joined the running step"
+    assert stats.chunks == 4 and stats.steps == 4  # four groups of one row
+    ref = forward_audio(m, codes[:13])
+    assert (torch.cat([a1, a2]) - ref).abs().max() <= 1e-9
+    assert (b - ref[: 8 * SPF]).abs().max() <= 1e-9 and (c - ref[: 5 * SPF]).abs().max() <= 1e-9
+
+
+def test_abort_during_a_step_leaves_the_reused_slot_cold(m, codes):
+    """A stream aborted while its row waits in a running step: the row is dropped, the slot is
+    freed at once, and a stream that takes the same slot mid-step starts from cold state."""
+    import threading
+
+    async def main():
+        core = StreamEngine(m, max_streams=2, max_step_frames=8, max_batch_frames=8)
+        hold, held = threading.Event(), threading.Event()
+        inner = core.runner
+
+        def runner(c, slots, n_new):
+            if not hold.is_set():
+                held.set()
+                assert hold.wait(10)
+            return inner(c, slots, n_new)
+
+        core.runner = runner
+        async with AsyncEngine(core) as eng:
+            await eng.open("a")
+            await eng.open("b")
+            fa = eng.submit("a", codes[:8])
+            fb = eng.submit("b", codes[100:116])  # two pieces: its second waits in the queue
+            while not held.is_set():
+                await asyncio.sleep(0.001)
+            await eng.abort("b")
+            await eng.open("c")  # takes b's slot
+            fc = eng.submit("c", codes[:6])
+            hold.set()
+            done = await asyncio.wait_for(asyncio.gather(fa, fb, fc, return_exceptions=True), 10)
+            await eng.finish("a")
+            await eng.finish("c")
+            return done, core
+
+    (a, b, c), core = asyncio.run(main())
+    ref = forward_audio(m, codes[:8])
+    assert isinstance(b, StreamError) and b.code in ("aborted", "stream_ended")
+    assert (a - ref).abs().max() <= 1e-9
+    assert (c - ref[: 6 * SPF]).abs().max() <= 1e-9  # not b's history
+    assert core.active == 0 and core.pool.in_use == 0
+
+
+def test_step_polls_for_more_rows_and_keeps_each_streams_order(m, codes):
+    """``StreamEngine.step(more=...)``: asked before every group; rows it returns join; two
+    chunks of one stream never share a group and run in the order given."""
+    core = StreamEngine(m, max_streams=2, max_step_frames=4, max_batch_frames=8)
+    core.open("a")
+    core.open("b")
+    extra = [{"a": codes[6:9], "b": codes[4:7]}, {"a": codes[9:10]}]
+    asked, got = [], {"a": [], "b": []}
+    out = core.step({"a": codes[:6], "b": codes[:4]}, on_ready=lambda rid, x: got[rid].append(x),
+                    more=lambda: (asked.append(1), extra.pop(0) if extra else {})[1])
+    assert out == {} and len(asked) >= 3
+    ref = forward_audio(m, codes[:10])
+    assert (torch.cat(got["a"]) - ref).abs().max() <= 1e-9
+    assert (torch.cat(got["b"]) - ref[: 7 * SPF]).abs().max() <= 1e-9
+
+
+def _counting(fn, calls):
+    def wrapped(*a, **k):
+        calls.append(1)
+        return fn(*a, **k)
+
+    return wrapped
+
+
 # -- the graph path's shape decisions ------------------------------------------------------------
 
 

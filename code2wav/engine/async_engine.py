@@ -1,12 +1,14 @@
 """Continuous batching over a :class:`StreamEngine`, for asyncio callers (the server, the bench).
 
-Streams push chunks at any time. A scheduler task takes the oldest pending chunk of every
-stream that has one, runs them as one batched step in a single worker thread (the decoder and
-its state pool are not thread-safe, and the event loop must stay free), and resolves each
-chunk's future as soon as its row's audio is on the host (a big step runs as several groups;
-the first groups' rows do not wait for the last). One chunk per stream per step keeps per-stream
-order. Queues are bounded: a stream with too many chunks in flight is refused, never buffered
-without limit.
+Streams push chunks at any time. A scheduler task hands the oldest pending chunk of every
+stream to one continuous step on a single worker thread (the decoder is not thread-safe, and the
+event loop must stay free). The step runs batched forwards (groups) back to back; before each
+group it takes the chunks that arrived meanwhile, so a new stream's first chunk, or a stream's
+next chunk once its audio is back, waits for one group, not for a whole step of every other
+stream. Each chunk's future resolves as soon as its row's audio is on the host. One chunk per
+stream in flight keeps per-stream order. Queues are bounded: a stream with too many chunks
+queued is refused, never buffered without limit. Opening, finishing and aborting a stream are
+host bookkeeping and run on the event loop, never queued behind a step.
 
 A push may carry an ``encode`` function (e.g. audio -> PCM bytes). It runs on the worker as soon
 as the row's audio is ready, so per-chunk conversion stays off the event loop, which is the
@@ -37,10 +39,11 @@ class Backpressure(StreamError):
 
 @dataclass
 class EngineStats:
-    steps: int = 0
-    rows: int = 0
-    frames: int = 0
-    step_seconds: list[float] = field(default_factory=list)
+    steps: int = 0  # batched forwards (groups)
+    rows: int = 0  # rows over all of them (a chunk cut into pieces counts once per piece)
+    chunks: int = 0  # chunks decoded and handed over
+    frames: int = 0  # frames in them
+    step_seconds: list[float] = field(default_factory=list)  # per batched forward (GPU time on CUDA)
     errors: dict[str, int] = field(default_factory=dict)
 
     def record_error(self, code: str) -> None:
@@ -80,8 +83,8 @@ class AsyncEngine:
         for rid in list(self._pending):  # streams still open are aborted: their state is freed
             self._fail_pending(rid, StreamError("shutdown", f"stream {rid!r}: engine stopped"))
             self._pending.pop(rid)
-            await self._call(self.core.abort, rid)
-        self._worker.shutdown(wait=True)
+            self.core.abort(rid)
+        self._worker.shutdown(wait=True)  # a step still running ends: nothing is left to take
 
     async def __aenter__(self) -> "AsyncEngine":
         await self.start()
@@ -94,13 +97,11 @@ class AsyncEngine:
         return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
 
     async def open(self, request_id: str, prefix: object = None) -> None:
-        """Open a stream: validates the prefix and takes a slot. The prefix's prefill runs in
-        the stream's first step, batched with the other streams opened since the last step."""
+        """Open a stream: validates the prefix and takes a slot (host work, at once, even while
+        a step runs). The prefix's prefill runs when the stream's first chunk joins a step,
+        batched with the other streams joining with it."""
         try:
-            await self._call(self.core.open, request_id, prefix)
-        except StreamError as e:
-            self.stats.record_error(e.code)
-            raise
+            self.core.open(request_id, prefix)
         except Exception as e:
             self.stats.record_error(getattr(e, "code", type(e).__name__))
             raise
@@ -137,17 +138,17 @@ class AsyncEngine:
                 if q:
                     await asyncio.gather(*(f for _, f, _ in q), return_exceptions=True)
         finally:
-            if request_id in self._pending:
-                self._pending.pop(request_id)
-                await self._call(self.core.finish, request_id)
+            if self._pending.pop(request_id, None) is not None and request_id in self.core._streams:
+                self.core.finish(request_id)  # no frames left: frees the slot, nothing to decode
         return audio
 
     async def abort(self, request_id: str) -> None:
-        """Drop queued chunks and free the state now (e.g. the client disconnected)."""
+        """Drop queued chunks and free the state now (e.g. the client disconnected). A chunk of
+        the stream that a running step holds still decodes; its result is dropped."""
         if request_id in self._pending:
             self._fail_pending(request_id, StreamError("aborted", f"stream {request_id!r} aborted"))
             self._pending.pop(request_id, None)
-        await self._call(self.core.abort, request_id)
+        self.core.abort(request_id)
 
     def _fail_pending(self, rid: str, err: Exception) -> None:
         for _, fut, _ in self._pending.get(rid, ()):
@@ -157,48 +158,75 @@ class AsyncEngine:
 
     # -- scheduler --------------------------------------------------------------------------------
 
-    async def _loop(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            if self.batch_wait_s > 0:
-                await asyncio.sleep(self.batch_wait_s)
-            batch: dict[str, object] = {}
-            futures: dict[str, asyncio.Future] = {}
-            encoders: dict[str, Encode] = {}
-            for rid, q in self._pending.items():
-                while q and q[0][1].done():  # cancelled by its caller
-                    q.popleft()
-                if q:
-                    frames, fut, encode = q.popleft()
-                    batch[rid], futures[rid] = frames, fut
-                    if encode is not None:
-                        encoders[rid] = encode
-            if not batch:
+    def _take(self, in_flight: set[str], futures: dict[str, asyncio.Future], encoders: dict[str, Encode]) -> dict[str, object]:
+        """The oldest pending chunk of every stream with none in flight (on the loop before a
+        step, on the worker during one: deque ends are thread-safe, the dict is copied)."""
+        batch: dict[str, object] = {}
+        for rid, q in list(self._pending.items()):
+            if rid in in_flight:
                 continue
-            loop = asyncio.get_running_loop()
+            while q and q[0][1].done():  # cancelled by its caller
+                q.popleft()
+            if q:
+                frames, fut, encode = q.popleft()
+                batch[rid], futures[rid] = frames, fut
+                in_flight.add(rid)
+                if encode is not None:
+                    encoders[rid] = encode
+        return batch
 
-            def on_ready(rid: str, res: Any, futures: dict[str, asyncio.Future] = futures) -> None:  # on the worker
-                encode = encoders.get(rid)
-                if encode is not None and not isinstance(res, Exception):
-                    try:
-                        res = encode(res)
-                    except Exception as e:  # fails this row alone
-                        res = e
-                loop.call_soon_threadsafe(self._resolve, futures[rid], res)
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        spf = self.core.cfg.samples_per_frame
 
-            try:
-                results, seconds, samples = await self._call(self._timed_step, batch, on_ready)
-            except Exception as e:  # a device failure fails this step's rows, not the loop
-                results, seconds, samples = {rid: e for rid in batch}, 0.0, []
-            self._account(samples, seconds)
-            # Rows handed over by on_ready were resolved before this line runs (call_soon_threadsafe
-            # callbacks queued by the worker run before the step's own completion): what is left
-            # are rows refused before decoding.
-            for rid, res in results.items():
-                self._resolve(futures[rid], res)
-            if any(self._pending.values()):
-                self._wake.set()
+        def on_group(seconds: float, rows: int) -> None:  # on the worker, after each batched forward
+            self.stats.steps += 1
+            self.stats.rows += rows
+            if len(self.stats.step_seconds) < self._keep:
+                self.stats.step_seconds.append(seconds)
+            for hook in self.on_step:
+                hook(seconds, rows)
+
+        self.core.on_group.append(on_group)
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                if self.batch_wait_s > 0:
+                    await asyncio.sleep(self.batch_wait_s)
+                # Owned by the worker while the step runs; each entry leaves as its row is handed over.
+                in_flight: set[str] = set()
+                futures: dict[str, asyncio.Future] = {}
+                encoders: dict[str, Encode] = {}
+                batch = self._take(in_flight, futures, encoders)
+                if not batch:
+                    continue
+
+                def on_ready(rid: str, res: Any, in_flight=in_flight, futures=futures, encoders=encoders) -> None:  # on the worker
+                    fut, encode = futures.pop(rid, None), encoders.pop(rid, None)
+                    in_flight.discard(rid)
+                    if fut is None:
+                        return
+                    if isinstance(res, Tensor):
+                        self.stats.chunks += 1
+                        self.stats.frames += res.numel() // spf
+                        if encode is not None:
+                            try:
+                                res = encode(res)
+                            except Exception as e:  # fails this row alone
+                                res = e
+                    loop.call_soon_threadsafe(self._resolve, fut, res)
+
+                more = lambda in_flight=in_flight, futures=futures, encoders=encoders: self._take(in_flight, futures, encoders)  # noqa: E731
+                try:
+                    await self._call(self.core.step, batch, on_ready, more)
+                except Exception as e:  # a device failure fails the rows still held, not the loop
+                    for fut in list(futures.values()):
+                        self._resolve(fut, e)
+                if any(self._pending.values()):
+                    self._wake.set()
+        finally:
+            self.core.on_group.remove(on_group)
 
     def _resolve(self, fut: asyncio.Future, res: Any) -> None:
         """Settle a chunk's future once (a cancelled or already settled one is left alone)."""
@@ -209,21 +237,3 @@ class AsyncEngine:
             fut.set_exception(res)
         else:
             fut.set_result(res)
-
-    def _timed_step(self, batch: dict[str, object], on_ready: Callable[[str, Any], None]):
-        """On the worker: the step (rows handed to ``on_ready`` as they finish); returns
-        (results, step seconds, samples of each decoded row)."""
-        t0 = time.perf_counter()
-        results: dict[str, Any] = self.core.step(batch, on_ready)
-        seconds = time.perf_counter() - t0
-        samples = [r.numel() for r in results.values() if not isinstance(r, Exception)]
-        return results, seconds, samples
-
-    def _account(self, samples: list[int], seconds: float) -> None:
-        self.stats.steps += 1
-        self.stats.rows += len(samples)
-        self.stats.frames += sum(samples) // self.core.cfg.samples_per_frame
-        if len(self.stats.step_seconds) < self._keep:
-            self.stats.step_seconds.append(seconds)
-        for hook in self.on_step:
-            hook(seconds, len(samples))

@@ -137,7 +137,7 @@ class _Metrics:
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes etc., for load tests
         self.step_seconds = Histogram(
             "code2wav_step_seconds",
-            "Wall time of one batched engine step",
+            "Time of one batched forward (GPU time on CUDA, wall time on CPU)",
             buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
             registry=self.registry,
         )
@@ -158,8 +158,9 @@ class _Metrics:
         yield GaugeMetricFamily("code2wav_active_streams", "Streams open in the engine", value=core.active)
         yield GaugeMetricFamily("code2wav_pool_slots_in_use", "State-pool slots in use", value=in_use)
         yield GaugeMetricFamily("code2wav_pool_slots_total", "State-pool slots in all", value=core.max_streams)
-        yield CounterMetricFamily("code2wav_steps", "Batched engine steps", value=stats.steps)
-        yield CounterMetricFamily("code2wav_step_rows", "Stream chunks decoded by steps", value=stats.rows)
+        yield CounterMetricFamily("code2wav_steps", "Batched forwards (one group of rows each)", value=stats.steps)
+        yield CounterMetricFamily("code2wav_step_rows", "Rows over all batched forwards", value=stats.rows)
+        yield CounterMetricFamily("code2wav_chunks", "Stream chunks decoded and handed over", value=stats.chunks)
         yield CounterMetricFamily("code2wav_decoded_frames", "Frames decoded", value=stats.frames)
         c = CounterMetricFamily("code2wav_engine_errors", "Errors raised inside the engine, by code", labels=["code"])
         for code, n in sorted(stats.errors.items()):

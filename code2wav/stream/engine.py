@@ -20,10 +20,11 @@ decode); ``full`` re-decodes everything so far. The last two exist as benchmark 
 
 from __future__ import annotations
 
+import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 import torch
 from torch import Tensor
@@ -54,6 +55,16 @@ class _Stream:
     last_active: float = field(default_factory=time.monotonic)
     history: list[Tensor] = field(default_factory=list)  # codes, baselines only
     prefix: Tensor | None = None  # exact mode: reference frames not prefilled yet (next step does it)
+
+
+@dataclass
+class _Row:
+    """One chunk of one stream inside a step: its frames, how many are launched, audio pieces."""
+
+    stream: _Stream
+    frames: Tensor
+    done: int = 0
+    pieces: list[tuple[Tensor, int]] = field(default_factory=list)  # (padded audio row, valid samples)
 
 
 class StreamEngine:
@@ -92,6 +103,10 @@ class StreamEngine:
         # (codes [B, Q, T] cpu, slots [B], n_new [B]) -> audio [B, T * spf]; a graph runner
         # replaces it on GPU.
         self.runner = self._run_eager
+        self.on_group: list[Callable[[float, int], None]] = []  # (seconds of one batched forward, rows in it)
+        # open/finish/abort may come from another thread than the one running steps (the async
+        # engine opens on its event loop while a continuous step runs on its worker).
+        self._lock = threading.RLock()
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -101,31 +116,32 @@ class StreamEngine:
 
     def open(self, request_id: str, prefix: object = None) -> None:
         """Start a stream; ``prefix`` is ``[P, 16]`` reference codes (P may be 0) or None."""
-        self.reap_idle()
-        if not isinstance(request_id, str) or not request_id:
-            raise StreamError("bad_request_id", f"request id must be a non-empty string, got {request_id!r}")
-        if request_id in self._streams:
-            raise StreamError("duplicate_request_id", f"stream {request_id!r} is already open")
-        pre = self._frames(prefix, f"stream {request_id!r} prefix", allow_empty=True) if prefix is not None else None
-        if pre is not None and pre.shape[0] > self.max_prefix_frames:
-            raise StreamError("prefix_too_long", f"stream {request_id!r} prefix has {pre.shape[0]} frames, limit {self.max_prefix_frames}")
-        if self.pool is not None:
-            try:
-                slot = self.pool.acquire()
-            except PoolFull as e:
-                raise PoolFull(f"cannot open stream {request_id!r}: {e}") from None
-        else:
-            if not self._free_slots:
-                raise PoolFull(f"cannot open stream {request_id!r}: all {self.max_streams} stream slots are in use")
-            slot = self._free_slots.pop()
-        st = _Stream(request_id, slot)
-        self._streams[request_id] = st
-        self._ended.pop(request_id, None)
-        if pre is not None and pre.shape[0]:
+        with self._lock:
+            self.reap_idle()
+            if not isinstance(request_id, str) or not request_id:
+                raise StreamError("bad_request_id", f"request id must be a non-empty string, got {request_id!r}")
+            if request_id in self._streams:
+                raise StreamError("duplicate_request_id", f"stream {request_id!r} is already open")
+            pre = self._frames(prefix, f"stream {request_id!r} prefix", allow_empty=True) if prefix is not None else None
+            if pre is not None and pre.shape[0] > self.max_prefix_frames:
+                raise StreamError("prefix_too_long", f"stream {request_id!r} prefix has {pre.shape[0]} frames, limit {self.max_prefix_frames}")
             if self.pool is not None:
-                st.prefix = pre  # prefilled with every other waiting stream at its first step
+                try:
+                    slot = self.pool.acquire()
+                except PoolFull as e:
+                    raise PoolFull(f"cannot open stream {request_id!r}: {e}") from None
             else:
-                st.history.append(pre)
+                if not self._free_slots:
+                    raise PoolFull(f"cannot open stream {request_id!r}: all {self.max_streams} stream slots are in use")
+                slot = self._free_slots.pop()
+            st = _Stream(request_id, slot)
+            self._streams[request_id] = st
+            self._ended.pop(request_id, None)
+            if pre is not None and pre.shape[0]:
+                if self.pool is not None:
+                    st.prefix = pre  # prefilled with every other waiting stream at its first step
+                else:
+                    st.history.append(pre)
 
     def push(self, request_id: str, frames: object) -> Tensor:
         """Decode one stream's new frames; returns their audio (``n * 1920`` samples)."""
@@ -144,22 +160,27 @@ class StreamEngine:
             if has_frames:
                 audio = self.push(request_id, frames)
         finally:
-            if request_id in self._streams:
-                self._release(self._streams[request_id], "finished")
+            with self._lock:
+                if request_id in self._streams:
+                    self._release(self._streams[request_id], "finished")
         return audio
 
     def abort(self, request_id: str) -> None:
-        """Free the stream's state at once (client gone, request cancelled)."""
-        self._release(self._get(request_id), "aborted")
+        """Free the stream's state at once (client gone, request cancelled). Safe while a step
+        runs on another thread: a row of the stream not yet launched is dropped, and the slot
+        is zeroed before anyone else's first pass over it."""
+        with self._lock:
+            self._release(self._get(request_id), "aborted")
 
     def reap_idle(self, now: float | None = None) -> list[str]:
         """Abort streams idle longer than ``idle_timeout``; returns their ids."""
         if self.idle_timeout is None:
             return []
         now = time.monotonic() if now is None else now
-        stale = [rid for rid, s in self._streams.items() if now - s.last_active > self.idle_timeout]
-        for rid in stale:
-            self._release(self._streams[rid], "timed out")
+        with self._lock:
+            stale = [rid for rid, s in self._streams.items() if now - s.last_active > self.idle_timeout]
+            for rid in stale:
+                self._release(self._streams[rid], "timed out")
         return stale
 
     def state_bytes(self) -> dict[str, int]:
@@ -169,116 +190,174 @@ class StreamEngine:
 
     # -- the batched step -------------------------------------------------------------------------
 
-    def step(self, chunks: Mapping[str, object], on_ready: OnReady | None = None) -> dict[str, Tensor | Exception]:
-        """Decode new frames of many streams in one batched step.
+    def step(
+        self, chunks: Mapping[str, object], on_ready: OnReady | None = None, more: Callable[[], Mapping[str, object]] | None = None
+    ) -> dict[str, Tensor | Exception]:
+        """Decode new frames of many streams in batched forwards (groups under the frame budget).
 
         Returns, per request id, its audio or the error that rejected that row alone. A bad row
         never shifts another row's output: rows are matched by id, not by position.
-        ``on_ready(request_id, audio or error)`` is called for each decoded row as soon as its
-        audio is on the host, which in a step of several groups is before the step ends.
-        """
-        self.reap_idle()
-        results: dict[str, Tensor | Exception] = {}
-        rows: list[tuple[_Stream, Tensor]] = []
-        for rid, payload in chunks.items():
-            try:
-                st = self._get(rid)
-                rows.append((st, self._frames(payload, f"stream {rid!r}")))
-            except (StreamError, CodesError) as e:
-                results[rid] = e
-        if rows:
-            waiting = [st for st, _ in rows if st.prefix is not None]
-            if waiting:
-                try:
-                    self._prefill(waiting)
-                except BaseException as e:  # their state is half written: those streams end here
-                    for st in waiting:
-                        self._release(st, "aborted")
-                        results[st.request_id] = StreamError("prefill_failed", f"stream {st.request_id!r}: reference prefix failed: {e}")
-                    if not isinstance(e, Exception):
-                        raise
-                    rows = [(st, fr) for st, fr in rows if st not in waiting]
-        if rows:
+        ``on_ready(request_id, audio or error)`` is called for each row as soon as its audio is
+        on the host, which in a step of several groups is before the step ends.
 
-            def ready(i: int, audio: Tensor) -> None:
-                st = rows[i][0]
+        ``more()`` makes the step continuous: it is asked for new chunks before every group, and
+        what it returns joins the next group, so a stream whose audio just landed (or a new
+        stream) waits one group, not for the rest of the step; the step ends when nothing is
+        left. A stream may appear in several of those chunks; its rows run in the order given.
+        With ``more`` every result goes through ``on_ready`` and none is kept (a step may last
+        as long as the load does)."""
+        results: dict[str, Tensor | Exception] = {}
+        keep = more is None
+
+        def deliver(st: _Stream | None, rid: str, res: Tensor | Exception) -> None:
+            if st is not None:
                 st.last_active = time.monotonic()
-                res: Tensor | Exception = audio
-                if self.dtype == torch.float16 and not bool(torch.isfinite(audio).all()):
+                if self._streams.get(rid) is not st:  # ended while its row ran (abort, reaper)
+                    res = StreamError("stream_ended", f"stream {rid!r} ended while its chunk was decoding")
+                elif self.dtype == torch.float16 and isinstance(res, Tensor) and not bool(torch.isfinite(res).all()):
                     # float16 overflowed somewhere in this row: its state holds inf/NaN now, so
                     # every later chunk would be noise. End this stream only (rows are independent).
                     self._release(st, "aborted")
                     res = StreamError(
-                        "non_finite_audio", f"stream {st.request_id!r}: the decoder produced non-finite samples (float16 overflow); the stream is ended"
+                        "non_finite_audio", f"stream {rid!r}: the decoder produced non-finite samples (float16 overflow); the stream is ended"
                     )
-                results[st.request_id] = res
-                if on_ready is not None:
-                    on_ready(st.request_id, res)
+            if keep:
+                results[rid] = res
+            if on_ready is not None:
+                on_ready(rid, res)
 
-            self._decode(rows, ready)
-        return {rid: results[rid] for rid in chunks}
+        with self._lock:
+            self.reap_idle()
+        admit = lambda c: self._admit(c, lambda rid, e: deliver(None, rid, e))  # noqa: E731
+        rows = admit(chunks)
+        if self.mode == "exact":
+            self._decode_exact(rows, deliver, (lambda: admit(more())) if more is not None else None)
+        elif rows:
+            for row, audio in zip(rows, self._decode_baseline([(r.stream, r.frames) for r in rows])):
+                deliver(row.stream, row.stream.request_id, audio)
+        return {rid: results[rid] for rid in chunks} if keep else {}
+
+    def _admit(self, chunks: Mapping[str, object], refuse: Callable[[str, Exception], None]) -> "list[_Row]":
+        """Validate chunks into rows; prefill the streams that still wait for their reference
+        prefix (one batch); zero the state of slots opened since the last step. A rejected row
+        goes to ``refuse`` alone."""
+        rows: list[_Row] = []
+        with self._lock:
+            for rid, payload in chunks.items():
+                try:
+                    rows.append(_Row(self._get(rid), self._frames(payload, f"stream {rid!r}")))
+                except (StreamError, CodesError) as e:
+                    refuse(rid, e)
+            if self.pool is not None:
+                self.pool.reset_stale()
+        waiting = list({id(r.stream): r.stream for r in rows if r.stream.prefix is not None}.values())
+        if waiting:
+            try:
+                self._prefill(waiting)
+            except BaseException as e:  # their state is half written: those streams end here
+                with self._lock:
+                    for st in waiting:
+                        if self._streams.get(st.request_id) is st:
+                            self._release(st, "aborted")
+                for st in waiting:
+                    refuse(st.request_id, StreamError("prefill_failed", f"stream {st.request_id!r}: reference prefix failed: {e}"))
+                if not isinstance(e, Exception):
+                    raise
+                rows = [r for r in rows if r.stream not in waiting]
+        return rows
 
     @torch.no_grad()
-    def _decode(self, rows: list[tuple[_Stream, Tensor]], ready: Callable[[int, Tensor], None]) -> None:
-        """Decode every row; ``ready(i, audio)`` once per row, as soon as row ``i`` is done."""
-        if self.mode == "exact":
-            self._decode_exact(rows, ready)
-        else:
-            for i, audio in enumerate(self._decode_baseline(rows)):
-                ready(i, audio)
-
-    def _decode_exact(self, rows: list[tuple[_Stream, Tensor]], ready: Callable[[int, Tensor], None]) -> None:
-        """Pieces of at most ``max_step_frames`` per row; rows grouped so that one step holds at
-        most ``max_batch_frames`` padded frames (bounds activation memory).
+    def _decode_exact(
+        self, rows: "list[_Row]", deliver: Callable[["_Stream", str, "Tensor | Exception"], None], more: "Callable[[], list[_Row]] | None"
+    ) -> None:
+        """Rows are queued and taken in order, in pieces of at most ``max_step_frames``, into
+        groups of at most ``max_batch_frames`` padded frames (and what the runner holds); a row
+        with frames left goes back to the queue's front after each piece, so each stream's rows
+        run in order.
 
         On CUDA the groups are pipelined: inputs go up from pinned memory and audio comes down
         into pinned memory asynchronously, in stream order (a pageable copy would synchronise
         the stream on every group, leaving the GPU idle while Python assembles the next one; a
         graph's output buffer is only valid until its next replay, which the in-order copy
-        respects). Every group is queued first; then each group's finished rows are handed to
-        ``ready`` as soon as that group's copy lands, so the first rows of a big step do not
-        wait for the last."""
+        respects). One group runs while the next is queued; each group's finished rows are
+        delivered as soon as its copy lands, and ``more`` is asked for new rows in between."""
         spf = self.cfg.samples_per_frame
         pin = self.device.type == "cuda"
-        pieces: list[list[tuple[Tensor, int]]] = [[] for _ in rows]
-        done = [0] * len(rows)
-        landed: list[tuple[torch.cuda.Event, list[int]]] = []  # (copy done, rows it completes)
+        piece = min(self.max_step_frames, getattr(self.runner, "max_frames", None) or self.max_step_frames)
+        queue = deque(rows)
+        landed: deque[tuple[Any, Any, list[_Row], int]] = deque()  # (copy done, start, rows it completes, rows in it)
 
-        def finish(complete: list[int]) -> None:
-            for i in complete:  # a one-piece row (the usual case) is a view: no copy
-                ready(i, pieces[i][0][0][: pieces[i][0][1]] if len(pieces[i]) == 1 else torch.cat([w[:k] for w, k in pieces[i]]))
+        def land() -> None:
+            end, start, complete, n = landed.popleft()
+            if pin:
+                end.synchronize()
+                seconds = start.elapsed_time(end) / 1e3
+            else:
+                seconds = end - start
+            for hook in self.on_group:
+                hook(seconds, n)
+            for row in complete:  # a one-piece row (the usual case) is a view: no copy
+                audio = row.pieces[0][0][: row.pieces[0][1]] if len(row.pieces) == 1 else torch.cat([w[:k] for w, k in row.pieces])
+                row.pieces = []
+                deliver(row.stream, row.stream.request_id, audio)
 
         while True:
-            active = [i for i, (_, fr) in enumerate(rows) if done[i] < fr.shape[0]]
-            if not active:
+            if more is not None:
+                queue.extend(more())
+            if not queue and not landed:
                 break
-            piece = min(self.max_step_frames, getattr(self.runner, "max_frames", None) or self.max_step_frames)
-            take = {i: min(rows[i][1].shape[0] - done[i], piece) for i in active}
-            for group in _groups(active, take, self._max_rows):
-                n = [take[i] for i in group]
+            group = self._next_group(queue, piece, deliver)
+            if group:
+                n = [min(r.frames.shape[0] - r.done, piece) for r in group]
                 # [B, max n, Q] zero-padded in one call, then laid out [B, Q, T] (pinned on CUDA)
-                padded = pad_sequence([rows[i][1][done[i] : done[i] + n[j]] for j, i in enumerate(group)], batch_first=True)
+                padded = pad_sequence([r.frames[r.done : r.done + k] for r, k in zip(group, n)], batch_first=True)
                 codes = torch.empty(padded.shape[0], padded.shape[2], padded.shape[1], dtype=torch.long, pin_memory=pin)
                 codes.copy_(padded.transpose(1, 2))
-                meta = torch.tensor([[rows[i][0].slot for i in group], n])
+                meta = torch.tensor([[r.stream.slot for r in group], n])
                 slots, n_new = (meta.pin_memory() if pin else meta).unbind(0)
+                if pin:
+                    start = torch.cuda.Event(enable_timing=True)
+                    start.record()
+                else:
+                    start = time.perf_counter()
                 wav = self.runner(codes, slots, n_new)
                 if pin:
                     wav = torch.empty(wav.shape, dtype=wav.dtype, pin_memory=True).copy_(wav, non_blocking=True)
-                for j, i in enumerate(group):
-                    pieces[i].append((wav[j], n[j] * spf))
-                complete = [i for i in group if done[i] + take[i] == rows[i][1].shape[0]]
-                if pin:
-                    event = torch.cuda.Event()
-                    event.record()
-                    landed.append((event, complete))
+                    end = torch.cuda.Event(enable_timing=True)
+                    end.record()
                 else:
-                    finish(complete)
-            for i in active:
-                done[i] += take[i]
-        for event, complete in landed:  # in queue order
-            event.synchronize()
-            finish(complete)
+                    end = time.perf_counter()
+                complete, left = [], []
+                for j, (r, k) in enumerate(zip(group, n)):
+                    r.pieces.append((wav[j], k * spf))
+                    r.done += k
+                    (complete if r.done == r.frames.shape[0] else left).append(r)
+                queue.extendleft(reversed(left))  # next pieces first: ahead of their streams' later rows
+                landed.append((end, start, complete, len(group)))
+            # On CUDA one group stays queued on the GPU while the one before it is delivered.
+            if landed and (not pin or len(landed) > 1 or not group):
+                land()
+
+    def _next_group(self, queue: "deque[_Row]", piece: int, deliver: Callable[["_Stream", str, "Tensor | Exception"], None]) -> "list[_Row]":
+        """The next group from the queue's head: as many rows as the runner (or the frame
+        budget) holds at their largest piece, one row per stream, streams ended meanwhile
+        dropped."""
+        group: list[_Row] = []
+        slots: set[int] = set()
+        while queue:
+            r = queue[0]
+            if self._streams.get(r.stream.request_id) is not r.stream:  # aborted: its slot may be someone else's now
+                deliver(r.stream, r.stream.request_id, StreamError("stream_ended", f"stream {r.stream.request_id!r} ended while its chunk was queued"))
+                queue.popleft()
+                continue
+            if r.stream.slot in slots:  # the same stream's next rows wait for this one's
+                break
+            take = max([min(x.frames.shape[0] - x.done, piece) for x in (*group, r)])
+            if group and len(group) + 1 > self._max_rows(take):
+                break
+            group.append(queue.popleft())
+            slots.add(r.stream.slot)
+        return group
 
     def _eager_max_rows(self, frames: int) -> int:
         return max(1, self.max_batch_frames // frames)
@@ -387,14 +466,15 @@ class StreamEngine:
         return st
 
     def _release(self, st: _Stream, how: str) -> None:
-        del self._streams[st.request_id]
-        if self.pool is not None:
-            self.pool.release(st.slot)
-        else:
-            self._free_slots.append(st.slot)
-        self._ended[st.request_id] = how
-        while len(self._ended) > 4096:
-            self._ended.popitem(last=False)
+        with self._lock:
+            del self._streams[st.request_id]
+            if self.pool is not None:
+                self.pool.release(st.slot)
+            else:
+                self._free_slots.append(st.slot)
+            self._ended[st.request_id] = how
+            while len(self._ended) > 4096:
+                self._ended.popitem(last=False)
 
 
 def _bucket(n: int, floor: bool = False) -> int:

@@ -38,6 +38,7 @@ class StatePool:
         }
         self.position = torch.zeros(rows, dtype=torch.long, device=device)
         self._free = list(range(max_streams - 1, -1, -1))
+        self._stale: set[int] = set()  # handed out, not yet zeroed (see reset_stale)
 
     @property
     def bytes_per_stream(self) -> int:
@@ -56,7 +57,7 @@ class StatePool:
         if not self._free:
             raise PoolFull(f"all {self.max_streams} stream slots are in use")
         slot = self._free.pop()
-        self.reset(slot)
+        self._stale.add(slot)
         return slot
 
     def release(self, slot: int) -> None:
@@ -64,11 +65,16 @@ class StatePool:
             raise ValueError(f"slot {slot} is not in use")
         self._free.append(slot)
 
-    def reset(self, slot: int) -> None:
-        """Cold-start state: zero conv history is the forward's zero padding; KV rows are
-        masked by position, zeroed anyway so nothing stale survives. One multi-tensor launch,
-        not one per layer: opens run between a busy engine's steps."""
-        torch._foreach_zero_([b[slot] for b in self.buffers.values()] + [self.position[slot : slot + 1]])
+    def reset_stale(self) -> None:
+        """Cold-start state for every slot handed out since the last call: zero conv history is
+        the forward's zero padding; KV rows are masked by position, zeroed anyway so nothing
+        stale survives. One multi-tensor launch for all of them. ``acquire`` only marks the slot,
+        so that opening a stream is host bookkeeping; whoever runs passes calls this before a
+        new slot's first pass, on the thread (and CUDA stream) that runs them, which orders the
+        zeroing after every earlier pass over the slot's previous owner."""
+        slots, self._stale = self._stale, set()
+        if slots:
+            torch._foreach_zero_([t[s : s + 1] for s in slots for t in (*self.buffers.values(), self.position)])
 
     def _inputs(self, *tensors: Tensor) -> list[Tensor]:
         # A no-op for device tensors (so a pass stays pure device work with static shapes: what
