@@ -328,6 +328,26 @@ def test_step_polls_for_more_rows_and_keeps_each_streams_order(m, codes):
     assert (torch.cat(got["b"]) - ref[: 7 * SPF]).abs().max() <= 1e-9
 
 
+def test_first_chunks_go_ahead_of_streams_already_playing(m, codes):
+    """A stream's first chunk joins the very next group, ahead of queued chunks of streams that
+    already have audio; the later chunks keep their order and every output stays exact."""
+    core = StreamEngine(m, max_streams=4, max_step_frames=8, max_batch_frames=8)  # one row per group
+    for rid in "abc":
+        core.open(rid)
+        core.push(rid, codes[:2])  # playing
+    core.open("d")
+    order = []
+    inner = core.runner
+    core.runner = lambda c, slots, n_new: (order.append(slots.tolist()), inner(c, slots, n_new))[1]
+    arrivals = [{"d": codes[:1]}]
+    got = {}
+    core.step({rid: codes[2:10] for rid in "abc"}, on_ready=got.__setitem__, more=lambda: arrivals.pop() if arrivals else {})
+    assert order == [[3], [0], [1], [2]]
+    ref = forward_audio(m, codes[:10])
+    assert all((got[rid] - ref[2 * SPF :]).abs().max() <= 1e-9 for rid in "abc")
+    assert (got["d"] - ref[:SPF]).abs().max() <= 1e-9
+
+
 def _counting(fn, calls):
     def wrapped(*a, **k):
         calls.append(1)
