@@ -233,21 +233,11 @@ def test_new_chunks_join_a_running_step(m, codes):
     """Continuous batching: while a step's group is running, a stream opens (at once: opening
     does not queue behind the step) and pushes; its chunk and the next chunk of a stream whose
     audio already came back join the same step's later groups. Every output stays exact."""
-    import threading
-
     async def main():
         core = StreamEngine(m, max_streams=3, max_step_frames=8, max_batch_frames=8)  # one row per group
-        hold, held = threading.Event(), threading.Event()
-        inner, calls = core.runner, []
+        calls: list[int] = []
         core.step = _counting(core.step, calls)
-
-        def runner(c, slots, n_new):
-            if slots.tolist() == [1] and not hold.is_set():  # the first group of stream "b" waits
-                held.set()
-                assert hold.wait(10)
-            return inner(c, slots, n_new)
-
-        core.runner = runner
+        hold, held = _hold_runner(core, lambda slots: slots == [1])  # the first group of stream "b" waits
         async with AsyncEngine(core) as eng:
             await eng.open("a")
             await eng.open("b")
@@ -274,20 +264,9 @@ def test_new_chunks_join_a_running_step(m, codes):
 def test_abort_during_a_step_leaves_the_reused_slot_cold(m, codes):
     """A stream aborted while its row waits in a running step: the row is dropped, the slot is
     freed at once, and a stream that takes the same slot mid-step starts from cold state."""
-    import threading
-
     async def main():
         core = StreamEngine(m, max_streams=2, max_step_frames=8, max_batch_frames=8)
-        hold, held = threading.Event(), threading.Event()
-        inner = core.runner
-
-        def runner(c, slots, n_new):
-            if not hold.is_set():
-                held.set()
-                assert hold.wait(10)
-            return inner(c, slots, n_new)
-
-        core.runner = runner
+        hold, held = _hold_runner(core, lambda slots: True)  # the first group waits
         async with AsyncEngine(core) as eng:
             await eng.open("a")
             await eng.open("b")
@@ -346,6 +325,24 @@ def test_first_chunks_go_ahead_of_streams_already_playing(m, codes):
     ref = forward_audio(m, codes[:10])
     assert all((got[rid] - ref[2 * SPF :]).abs().max() <= 1e-9 for rid in "abc")
     assert (got["d"] - ref[:SPF]).abs().max() <= 1e-9
+
+
+def _hold_runner(core, when):
+    """Make the engine's runner stop at its first group whose slots satisfy ``when`` until the
+    test sets ``hold``; ``held`` is set once it has stopped there."""
+    import threading
+
+    hold, held = threading.Event(), threading.Event()
+    inner = core.runner
+
+    def runner(c, slots, n_new):
+        if not hold.is_set() and when(slots.tolist()):
+            held.set()
+            assert hold.wait(10)
+        return inner(c, slots, n_new)
+
+    core.runner = runner
+    return hold, held
 
 
 def _counting(fn, calls):
@@ -407,6 +404,26 @@ def test_bench_command_reports_every_mode_and_level(tmp_path, capsys):
         assert 0 < r["chunk_p50_ms"] <= r["chunk_p99_ms"]  # every chunk (1, 2, 2): push -> audio
         assert (r["mem_state_pool_mb"] > 0) == (r["mode"] == "exact-eager")
     assert "exact-eager" in capsys.readouterr().out
+
+
+def test_bench_sustained_load_measures_a_window(m):
+    """``--seconds``: every worker opens stream after stream; only the window after all workers
+    started is measured, so the audio counted is what completed in it, and more streams than
+    workers have run by the end, each decoded in full or cut at the window's close."""
+    import time
+
+    from code2wav.bench import _workload
+
+    core = StreamEngine(m, max_streams=3, max_step_frames=8, max_batch_frames=32)
+    t0 = time.perf_counter()
+    res = asyncio.run(_workload(core, 3, 6, [1, 5], 0, 0.01, seed=1, seconds=0.6))
+    took = time.perf_counter() - t0
+    assert res.wall == 0.6 and took >= 0.6 + 2 * 0.01
+    assert res.streams > 3 and len(res.ttfp) >= 3 and len(res.chunk) >= len(res.ttfp)
+    assert res.samples > 0 and res.samples % SPF == 0
+    assert res.samples <= res.streams * 6 * SPF
+    assert res.steps and all(s > 0 for s in res.steps)
+    assert core.active == 0 and core.pool.in_use == 0  # every stream finished, every slot back
 
 
 def test_engine_never_exceeds_the_runners_buckets(m, codes):

@@ -18,7 +18,6 @@ service's bottleneck once steps are batched.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -140,6 +139,7 @@ class AsyncEngine:
         finally:
             if self._pending.pop(request_id, None) is not None and request_id in self.core._streams:
                 self.core.finish(request_id)  # no frames left: frees the slot, nothing to decode
+                self._worker.submit(self.core.zero_released)  # not awaited: behind any running step
         return audio
 
     async def abort(self, request_id: str) -> None:
@@ -149,6 +149,7 @@ class AsyncEngine:
             self._fail_pending(request_id, StreamError("aborted", f"stream {request_id!r} aborted"))
             self._pending.pop(request_id, None)
         self.core.abort(request_id)
+        self._worker.submit(self.core.zero_released)
 
     def _fail_pending(self, rid: str, err: Exception) -> None:
         for _, fut, _ in self._pending.get(rid, ()):

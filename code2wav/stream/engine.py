@@ -185,6 +185,13 @@ class StreamEngine:
                 self._release(self._streams[rid], "timed out")
         return stale
 
+    def zero_released(self) -> None:
+        """Zero the state of slots given back since the last step (a step does it anyway before
+        its first forward; run it on the stepping thread when idle, off the next first packet)."""
+        if self.pool is not None:
+            with self._lock:
+                self.pool.reset_stale()
+
     def state_bytes(self) -> dict[str, int]:
         if self.pool is None:
             return {"per_stream": 0, "pool": 0}

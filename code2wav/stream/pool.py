@@ -38,7 +38,7 @@ class StatePool:
         }
         self.position = torch.zeros(rows, dtype=torch.long, device=device)
         self._free = list(range(max_streams - 1, -1, -1))
-        self._stale: set[int] = set()  # handed out, not yet zeroed (see reset_stale)
+        self._stale: set[int] = set()  # given back, not yet zeroed (see reset_stale)
 
     @property
     def bytes_per_stream(self) -> int:
@@ -56,25 +56,26 @@ class StatePool:
     def acquire(self) -> int:
         if not self._free:
             raise PoolFull(f"all {self.max_streams} stream slots are in use")
-        slot = self._free.pop()
-        self._stale.add(slot)
-        return slot
+        return self._free.pop()
 
     def release(self, slot: int) -> None:
         if not 0 <= slot < self.max_streams or slot in self._free:
             raise ValueError(f"slot {slot} is not in use")
         self._free.append(slot)
+        self._stale.add(slot)
 
     def reset_stale(self) -> None:
-        """Cold-start state for every slot handed out since the last call: zero conv history is
+        """Cold-start state for every slot given back since the last call: zero conv history is
         the forward's zero padding; KV rows are masked by position, zeroed anyway so nothing
-        stale survives. One multi-tensor launch for all of them. ``acquire`` only marks the slot,
-        so that opening a stream is host bookkeeping; whoever runs passes calls this before a
-        new slot's first pass, on the thread (and CUDA stream) that runs them, which orders the
-        zeroing after every earlier pass over the slot's previous owner."""
+        stale survives. ``release`` only marks the slot, so that ending and opening streams are
+        host bookkeeping; whoever runs passes calls this before any new owner's first pass, on
+        the thread (and CUDA stream) that runs them, which orders the zeroing after every
+        earlier pass over the previous owner. Usually that is long before the slot is handed
+        out again, off the next stream's first packet."""
         slots, self._stale = self._stale, set()
-        if slots:
-            torch._foreach_zero_([t[s : s + 1] for s in slots for t in (*self.buffers.values(), self.position)])
+        if slots:  # one launch per dtype: a foreach over mixed dtypes falls back to one per tensor
+            torch._foreach_zero_([b[s : s + 1] for s in slots for b in self.buffers.values()])
+            torch._foreach_zero_([self.position[s : s + 1] for s in slots])
 
     def _inputs(self, *tensors: Tensor) -> list[Tensor]:
         # A no-op for device tensors (so a pass stays pure device work with static shapes: what
