@@ -39,6 +39,9 @@ class StatePool:
         self.position = torch.zeros(rows, dtype=torch.long, device=device)
         self._free = list(range(max_streams - 1, -1, -1))
         self._stale: set[int] = set()  # given back, not yet zeroed (see reset_stale)
+        # Per slot, its row of every buffer, per dtype (a foreach over mixed dtypes falls back
+        # to one launch per tensor); built once, so zeroing a slot builds no views.
+        self._rows = [([b[s : s + 1] for b in self.buffers.values()], self.position[s : s + 1]) for s in range(rows)]
 
     @property
     def bytes_per_stream(self) -> int:
@@ -73,9 +76,9 @@ class StatePool:
         earlier pass over the previous owner. Usually that is long before the slot is handed
         out again, off the next stream's first packet."""
         slots, self._stale = self._stale, set()
-        if slots:  # one launch per dtype: a foreach over mixed dtypes falls back to one per tensor
-            torch._foreach_zero_([b[s : s + 1] for s in slots for b in self.buffers.values()])
-            torch._foreach_zero_([self.position[s : s + 1] for s in slots])
+        if slots:
+            torch._foreach_zero_([row for s in slots for row in self._rows[s][0]])
+            torch._foreach_zero_([self._rows[s][1] for s in slots])
 
     def _inputs(self, *tensors: Tensor) -> list[Tensor]:
         # A no-op for device tensors (so a pass stays pure device work with static shapes: what
