@@ -15,6 +15,7 @@
 #                              fp16 under sustained load (capture alone takes ~90 s)  [~450 s]
 #   bash bench/gpu.sh session4 quick checks; sustained load (budget 256, prefix 0/72; budget 512
 #                              with expandable segments); the burst workload            [~500 s]
+#   bash bench/gpu.sh group    sustained load with and without --group-by-size          [~350 s]
 #   bash bench/gpu.sh offline64  fp32 batch-64 offline, ours vs official, cuDNN heuristics [~60 s]
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -83,6 +84,12 @@ next)  # left unmeasured in session 4: fp16 under sustained load at c=1/256 with
   timeout 220 python3 bench/profile_step.py bfloat16 channels_last 0 2>&1 | tee "$OUT/profile_limit0.txt"
   timeout 200 python3 -m code2wav.bench --modes exact-graph --levels 1,64,256 --seconds 3 --dtype float16 --out /tmp/fp16 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/sustained_fp16.txt"
   echo "=== summary ==="; cat "$OUT/host.txt"; grep -A9 "eager ms" "$OUT/profile_limit0.txt"; grep -A8 "^mode" "$OUT/sustained_fp16.txt"
+  ;;
+group)  # A/B of StreamEngine(group_by_size=True): same sustained workload, one process each
+  for g in "" "--group-by-size"; do
+    timeout 200 python3 -m code2wav.bench --modes exact-graph --levels 1,16,64,256 --prefix 0,72 --seconds 3 $g --out /tmp/g 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee -a "$OUT/group_ab.txt"
+  done
+  echo "=== summary ==="; grep -A10 "^mode" "$OUT/group_ab.txt"
   ;;
 session4)  # continuous steps: checks, sustained load at budgets 256 and 512, the burst for comparison
   timeout 130 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"

@@ -66,9 +66,10 @@ def schedule_sizes(schedule: list[int], total: int) -> list[int]:
     return sizes
 
 
-def build_engine(model: Decoder, mode: str, max_streams: int, max_batch_frames: int) -> StreamEngine:
+def build_engine(model: Decoder, mode: str, max_streams: int, max_batch_frames: int, group_by_size: bool = False) -> StreamEngine:
     core_mode = mode.split("-")[0]
-    core = StreamEngine(model, max_streams=max_streams, mode=core_mode, max_step_frames=32, max_batch_frames=max_batch_frames)  # type: ignore[arg-type]
+    core = StreamEngine(model, max_streams=max_streams, mode=core_mode, max_step_frames=32, max_batch_frames=max_batch_frames,  # type: ignore[arg-type]
+                        group_by_size=group_by_size)
     if mode == "exact-graph":
         from code2wav.engine.graphs import GraphRunner
 
@@ -149,6 +150,7 @@ def run(
     max_batch_frames: int = 256,
     progress: bool = True,
     seconds: float = 0.0,
+    group_by_size: bool = False,
 ) -> list[Result]:
     schedule = schedule or [1, 25]
     cuda = next(model.parameters()).is_cuda
@@ -167,7 +169,7 @@ def run(
             # Autotuning pays only where shapes repeat (graph buckets); eager modes see a new
             # shape at almost every step and would pay the tuning inside their timings.
             torch.backends.cudnn.benchmark = mode == "exact-graph"
-        core = build_engine(model, mode, max(levels), max_batch_frames)
+        core = build_engine(model, mode, max(levels), max_batch_frames, group_by_size)
         graph_mb = core.runner.memory_bytes() / 2**20 if mode == "exact-graph" else 0.0  # type: ignore[union-attr]
         for prefix_frames in prefixes:  # one engine (one capture) per mode, every prefix
             # One untimed warm-up run per engine and prefix (allocator, cudnn autotune, lazy init).
@@ -262,6 +264,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "measured once all have started (0: each worker decodes one stream and the whole burst is measured)")
     p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=True,
                    help="CUDA: run the conv stack channels-last (the default; --no-channels-last: contiguous)")
+    p.add_argument("--group-by-size", action="store_true",
+                   help="one size class of chunk per batched forward (1-frame first chunks apart from 25-frame ones): less padding, more forwards")
     p.add_argument("--max-batch-frames", type=int, default=256, help="padded frames per graph; sets the graph pool size (bf16 H200: 128 -> 0.5 GiB, 256 -> 1.0 GiB, 512 -> 1.6 GiB)")
     p.add_argument("--out", default="bench-out", help="directory for results.json and plot.png")
     p.add_argument("--server", default=None, help="measure a running code2wav serve at this URL instead (TTFP at the client)")
@@ -303,11 +307,13 @@ def main(args: argparse.Namespace) -> int:
     chunks = [int(x) for x in args.chunks.split(",")]
     results: list[Result] = []
     prefixes = tuple(int(x) for x in args.prefix.split(","))
-    results += run(model, modes, levels, args.frames, chunks, prefixes, args.stagger_ms / 1e3, args.max_batch_frames, seconds=args.seconds)
+    results += run(model, modes, levels, args.frames, chunks, prefixes, args.stagger_ms / 1e3, args.max_batch_frames, seconds=args.seconds,
+                   group_by_size=args.group_by_size)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu", "dtype": args.dtype, "torch": torch.__version__,
-            "channels_last": args.channels_last, "max_batch_frames": args.max_batch_frames, "sustained_s": args.seconds}
+            "channels_last": args.channels_last, "max_batch_frames": args.max_batch_frames, "sustained_s": args.seconds,
+            "group_by_size": args.group_by_size}
     (out / "results.json").write_text(json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=2))
     plot(results, out / "plot.png")
     print(table(results))

@@ -327,6 +327,31 @@ def test_first_chunks_go_ahead_of_streams_already_playing(m, codes):
     assert (got["d"] - ref[:SPF]).abs().max() <= 1e-9
 
 
+def test_group_by_size_keeps_one_size_class_per_group(m, codes):
+    """``group_by_size``: a group holds rows of one size class (1-frame first chunks are not
+    padded to 25 next to steady chunks); rows passed over keep their places and their streams'
+    order, and every output stays exact."""
+    core = StreamEngine(m, max_streams=4, max_step_frames=32, max_batch_frames=64, group_by_size=True)
+    shapes = []
+    inner = core.runner
+    core.runner = lambda c, slots, n_new: (shapes.append((slots.tolist(), c.shape[-1])), inner(c, slots, n_new))[1]
+    for rid in "ab":
+        core.open(rid)
+        core.push(rid, codes[:1])  # playing
+    shapes.clear()
+    core.open("c")
+    core.open("d")
+    arrivals = [{"a": codes[21:22]}]  # a's second chunk (1 frame) arrives behind its 20-frame one
+    got: dict[str, list] = {r: [] for r in "abcd"}
+    core.step({"a": codes[1:21], "c": codes[:1], "b": codes[1:21], "d": codes[:1]},
+              on_ready=lambda rid, x: got[rid].append(x), more=lambda: arrivals.pop() if arrivals else {})
+    assert shapes == [([2, 3], 1), ([0, 1], 20), ([0], 1)]  # first chunks, steady, then a's next
+    ref = forward_audio(m, codes[:22])
+    assert (torch.cat([*got["a"]]) - ref[SPF:]).abs().max() <= 1e-9
+    assert (got["b"][0] - ref[SPF : 21 * SPF]).abs().max() <= 1e-9
+    assert all((got[r][0] - ref[:SPF]).abs().max() <= 1e-9 for r in "cd")
+
+
 def _hold_runner(core, when):
     """Make the engine's runner stop at its first group whose slots satisfy ``when`` until the
     test sets ``hold``; ``held`` is set once it has stopped there."""

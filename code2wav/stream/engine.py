@@ -81,6 +81,7 @@ class StreamEngine:
         max_batch_frames: int = 1024,
         idle_timeout: float | None = None,
         max_prefix_frames: int = 4096,
+        group_by_size: bool = False,
     ):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -91,6 +92,7 @@ class StreamEngine:
         self.max_batch_frames = max(max_batch_frames, max_step_frames)
         self.idle_timeout = idle_timeout
         self.max_prefix_frames = max_prefix_frames
+        self.group_by_size = group_by_size  # groups of one size class each (less padding, more groups)
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.pool = StatePool(model, max_streams) if mode == "exact" else None
@@ -361,22 +363,35 @@ class StreamEngine:
     def _next_group(self, queue: "deque[_Row]", piece: int, deliver: Callable[["_Stream", str, "Tensor | Exception"], None]) -> "list[_Row]":
         """The next group from the queue's head: as many rows as the runner (or the frame
         budget) holds at their largest piece, one row per stream, streams ended meanwhile
-        dropped."""
+        dropped. With ``group_by_size`` only rows whose piece is in the head's size class (the
+        same power of two) join; the others keep their places (and block their streams' later
+        rows, so each stream's order holds): a 1-frame first chunk is then not padded to 25."""
         group: list[_Row] = []
         slots: set[int] = set()
+        passed: list[_Row] = []  # left in the queue, in order
+        size_class = None
         while queue:
-            r = queue[0]
+            r = queue.popleft()
             if self._streams.get(r.stream.request_id) is not r.stream:  # aborted: its slot may be someone else's now
                 deliver(r.stream, r.stream.request_id, StreamError("stream_ended", f"stream {r.stream.request_id!r} ended while its chunk was queued"))
-                queue.popleft()
                 continue
-            if r.stream.slot in slots:  # the same stream's next rows wait for this one's
-                break
-            take = max([min(x.frames.shape[0] - x.done, piece) for x in (*group, r)])
+            n = min(r.frames.shape[0] - r.done, piece)
+            other_class = self.group_by_size and size_class is not None and _bucket(n) != size_class
+            if r.stream.slot in slots or other_class:
+                if not self.group_by_size:  # the same stream's next rows wait for this one's
+                    queue.appendleft(r)
+                    break
+                passed.append(r)
+                slots.add(r.stream.slot)
+                continue
+            take = max([min(x.frames.shape[0] - x.done, piece) for x in group] + [n])
             if group and len(group) + 1 > self._max_rows(take):
+                queue.appendleft(r)
                 break
-            group.append(queue.popleft())
+            group.append(r)
             slots.add(r.stream.slot)
+            size_class = _bucket(n)
+        queue.extendleft(reversed(passed))
         return group
 
     def _eager_max_rows(self, frames: int) -> int:
