@@ -1,7 +1,8 @@
 """Where half-precision rounding error comes from: SNR of the bf16 (and fp16) decoder vs the float64
 forward, with the front (dequantize, pre_conv, transformer) and the back (upsampling + conv
 decoder) each in the half dtype or float32, and float32 arithmetic on weights rounded to the half
-dtype. Same random weights for every variant. Runs on CPU (bf16 convs accumulate in fp32 and round
+dtype (alone, with every GEMM's inputs rounded too, and with its outputs as well). Same random
+weights for every variant. Runs on CPU (bf16 convs accumulate in fp32 and round
 their outputs, as cuDNN's do).
 
 python bench/bf16_error.py --frames 12 --threads 2
@@ -63,7 +64,30 @@ def main() -> int:
                 if t.is_floating_point():
                     t.copy_(t.to(half).to(torch.float32))
             print(f"weights {str(half)[6:]}, float32 arithmetic: {snr_db(ref, m(codes)[0, 0]):.1f} dB", flush=True)
+            # The same, with every conv / matmul / attention input also rounded to the half dtype
+            # (what tensor cores read) while everything else stays float32: residual adds,
+            # SnakeBeta, norms and every op's output (as if GEMMs wrote float32).
+            with _HalfOperands(half):
+                print(f"weights and GEMM inputs {str(half)[6:]}, float32 elsewhere: {snr_db(ref, m(codes)[0, 0]):.1f} dB", flush=True)
+            with _HalfOperands(half, outputs=True):  # GEMMs also write the half dtype (cuDNN, cuBLAS as called today)
+                print(f"GEMM inputs and outputs {str(half)[6:]}, float32 elsewhere: {snr_db(ref, m(codes)[0, 0]):.1f} dB", flush=True)
     return 0
+
+
+class _HalfOperands(torch.overrides.TorchFunctionMode):
+    GEMMS = {torch.nn.functional.conv2d, torch.nn.functional.conv_transpose2d, torch.nn.functional.linear, torch.matmul,
+             torch.Tensor.__matmul__, torch.bmm, torch.nn.functional.scaled_dot_product_attention}
+
+    def __init__(self, dtype: torch.dtype, outputs: bool = False):
+        super().__init__()
+        self.dtype, self.outputs = dtype, outputs
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func not in self.GEMMS:
+            return func(*args, **(kwargs or {}))
+        args = tuple(a.to(self.dtype).to(a.dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+        out = func(*args, **(kwargs or {}))
+        return out.to(self.dtype).to(out.dtype) if self.outputs else out
 
 
 if __name__ == "__main__":
