@@ -249,9 +249,9 @@ class StreamEngine:
         return {rid: results[rid] for rid in chunks} if keep else {}
 
     def _admit(self, chunks: Mapping[str, object], refuse: Callable[[str, Exception], None]) -> "list[_Row]":
-        """Validate chunks into rows; prefill the streams that still wait for their reference
-        prefix (one batch); zero the state of slots opened since the last step. A rejected row
-        goes to ``refuse`` alone."""
+        """Validate chunks into rows (a stream's first row is marked ``first``); zero the slots
+        given back since the last admission; prefill the streams that still wait for their
+        reference prefix (one batch). A rejected row goes to ``refuse`` alone."""
         rows: list[_Row] = []
         with self._lock:
             for rid, payload in chunks.items():
