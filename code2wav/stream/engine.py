@@ -417,6 +417,12 @@ class StreamEngine:
     def _prefill_rows(self) -> int:
         return min(_bucket(max(1, self.max_batch_frames // max(self.back_context, 1)), floor=True), _bucket(self.max_streams))
 
+    def _up(self, values: list[int]) -> Tensor:
+        """Small index tensors to the device without stalling it: a pageable copy would wait
+        for every queued group (a prefill joins a running step between groups)."""
+        t = torch.tensor(values)
+        return t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t
+
     def _pass(self, kind: str, x: Tensor, slots: Tensor, n_new: Tensor) -> Tensor:
         """``pool.front`` / ``pool.back`` through the runner's graphs where it has one."""
         graphs = getattr(self.runner, "prefill", None)
@@ -443,21 +449,22 @@ class StreamEngine:
                 st.prefix = None
             B = _bucket(len(group)) if self.bucket_prefill else len(group)
             lengths = [p.shape[0] for p in prefixes] + [0] * (B - len(group))
-            slots = torch.tensor([st.slot for st in group] + [self.pool.scratch_slot] * (B - len(group)), device=self.device)
+            slots = self._up([st.slot for st in group] + [self.pool.scratch_slot] * (B - len(group)))
             hidden, done, longest = [], 0, max(lengths)
             while done < longest:
                 t = min(self.max_step_frames, longest - done)
-                codes = torch.zeros(B, self.cfg.num_quantizers, self.max_step_frames if self.bucket_prefill else t, dtype=torch.long)
+                codes = torch.zeros(B, self.cfg.num_quantizers, self.max_step_frames if self.bucket_prefill else t, dtype=torch.long,
+                                    pin_memory=self.device.type == "cuda")
                 n = [min(max(P - done, 0), t) for P in lengths]
                 for b, p in enumerate(prefixes):
                     codes[b, :, : n[b]] = p[done : done + n[b]].T
-                hidden.append(self._pass("front", codes, slots, torch.tensor(n, device=self.device))[..., :t])
+                hidden.append(self._pass("front", codes, slots, self._up(n))[..., :t])
                 done += t
             h = torch.cat(hidden, dim=-1)
             if h.shape[-1] < K:  # every prefix is shorter than the horizon: pad (causal, unread)
                 h = torch.nn.functional.pad(h, (0, K - h.shape[-1]))
-            tail_n = torch.tensor([min(P, K) for P in lengths], device=self.device)
-            starts = torch.tensor([P - min(P, K) for P in lengths], device=self.device)
+            tail_n = self._up([min(P, K) for P in lengths])
+            starts = self._up([P - min(P, K) for P in lengths])
             tail = window(h, starts, K, dim=-1)  # row b: its last min(P_b, K) frames, left-aligned
             self._pass("back", tail, slots, tail_n)
 
