@@ -16,6 +16,8 @@
 #   bash bench/gpu.sh session4 quick checks; sustained load (budget 256, prefix 0/72; budget 512
 #                              with expandable segments); the burst workload            [~500 s]
 #   bash bench/gpu.sh group    sustained load with and without --group-by-size          [~350 s]
+#   bash bench/gpu.sh capacity 256 / 1024 / 2048 talkers at 2x real time: decoder-added stalls
+#                              (unmeasured; the pool of 2048 slots is ~5 GiB)          [~200 s]
 #   bash bench/gpu.sh offline64  fp32 batch-64 offline, ours vs official, cuDNN heuristics [~60 s]
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -83,6 +85,10 @@ next)  # left unmeasured in session 4: fp16 under sustained load at c=1/256 with
   timeout 220 python3 bench/profile_step.py bfloat16 channels_last 0 2>&1 | tee "$OUT/profile_limit0.txt"
   timeout 200 python3 -m code2wav.bench --modes exact-graph --levels 1,64,256 --seconds 3 --dtype float16 --out /tmp/fp16 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/sustained_fp16.txt"
   echo "=== summary ==="; cat "$OUT/host.txt"; grep -A9 "eager ms" "$OUT/profile_limit0.txt"; grep -A8 "^mode" "$OUT/sustained_fp16.txt"
+  ;;
+capacity)  # real-time streams one GPU holds: talkers at 2x real time, listeners playing; stalls the decoder adds
+  timeout 300 python3 -m code2wav.bench --modes exact-graph --levels 256,1024,2048 --pace 2 --seconds 12 --stagger-ms 1 --out /tmp/cap 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/capacity.txt"
+  echo "=== summary ==="; grep -A6 "^mode" "$OUT/capacity.txt"
   ;;
 group)  # A/B of StreamEngine(group_by_size=True): same sustained workload, one process each
   for g in "" "--group-by-size"; do

@@ -53,6 +53,9 @@ class Result:
     graph_hits: int
     graph_fallbacks: int
     sustained_s: float = 0.0  # >0: workers opened streams back to back; a window this long was measured
+    pace: float = 0.0  # >0: talkers at this x real time; stall figures are the listeners'
+    stalled_pct: float = float("nan")  # streams whose playback the decoder stalled (> 1 ms in all)
+    stall_p99_ms: float = float("nan")  # per stream, playback stall the decoder added
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -79,16 +82,25 @@ def build_engine(model: Decoder, mode: str, max_streams: int, max_batch_frames: 
     return core
 
 
-async def _workload(core: StreamEngine, concurrency: int, frames: int, schedule: list[int], prefix: int, stagger_s: float, seed: int, seconds: float = 0.0) -> "_Measured":
+async def _workload(core: StreamEngine, concurrency: int, frames: int, schedule: list[int], prefix: int, stagger_s: float, seed: int,
+                    seconds: float = 0.0, pace: float = 0.0) -> "_Measured":
     """``concurrency`` workers, started ``stagger_s`` apart. With ``seconds == 0`` each decodes
     one stream and everything is measured. With ``seconds > 0`` each opens stream after stream
     (sustained load: what a GPU holds, not how a burst drains), and only a window of that length
     is measured, opening once every worker has started: audio of chunks completed in it, latency
-    of chunks pushed in it, steps ended in it."""
+    of chunks pushed in it, steps ended in it.
+
+    ``pace == 0``: a stream pushes its next chunk when the last one's audio is back (the engine
+    sets the pace). ``pace > 0``: a talker generating ``pace`` x real time pushes each chunk
+    as soon as its frames exist, whatever the audio; a listener plays from the first audio on.
+    A slow talker makes it wait by itself, so per stream we keep the waiting the decoder adds:
+    playback stalls with the real arrivals minus those had every chunk's audio come back the
+    moment it was pushed (the first packet's latency is TTFP, not a stall)."""
     q, size = core.cfg.num_quantizers, core.cfg.codebook_size
+    fps = core.cfg.sample_rate / core.cfg.samples_per_frame
     rng = np.random.default_rng(seed)
     m = _Measured()
-    async with AsyncEngine(core, max_pending_chunks=4) as eng:
+    async with AsyncEngine(core, max_pending_chunks=4 if pace <= 0 else 1 << 16) as eng:
         t0 = time.perf_counter()
         start = t0 + (concurrency - 1) * stagger_s if seconds > 0 else t0
         end = start + seconds if seconds > 0 else float("inf")
@@ -98,22 +110,34 @@ async def _workload(core: StreamEngine, concurrency: int, frames: int, schedule:
         async def stream(rid: str) -> None:
             codes = rng.integers(0, size, (prefix + frames, q))
             await eng.open(rid, codes[:prefix] if prefix else None)
-            at = prefix
-            for k, n in enumerate(schedule_sizes(schedule, frames)):
+            opened, at, chunks = time.perf_counter(), prefix, []  # (pushed, landed, frames)
+            sent: list[tuple[float, asyncio.Future, list[float], int]] = []  # (pushed, future, [landed], frames)
+            for n in schedule_sizes(schedule, frames):
+                if pace > 0:  # the talker has these frames only now
+                    await asyncio.sleep(max(0.0, opened + (at - prefix + n) / (fps * pace) - time.perf_counter()))
                 if time.perf_counter() > end:
                     break  # the window closed: free the slot, the rest is not measured
-                pushed = time.perf_counter()
-                out = await eng.push(rid, codes[at : at + n])
-                done = time.perf_counter()
-                if inside(pushed):
-                    m.chunk.append(done - pushed)
-                    if k == 0:
-                        m.ttfp.append(done - pushed)
-                if inside(done):
-                    m.samples += out.numel()
+                fut = eng.submit(rid, codes[at : at + n])
+                landed: list[float] = []
+                fut.add_done_callback(lambda f, landed=landed: landed.append(time.perf_counter()))
+                sent.append((time.perf_counter(), fut, landed, n))
+                if pace <= 0:
+                    await fut
                 at += n
+            for pushed, fut, landed, n in sent:
+                out = await fut
+                chunks.append((pushed, landed[0], n))
+                if inside(landed[0]):
+                    m.samples += out.numel()
             await eng.finish(rid)
             m.streams += 1
+            m.chunk += [landed - pushed for pushed, landed, _ in chunks if inside(pushed)]
+            if not chunks or not inside(chunks[0][0]):
+                return
+            m.ttfp.append(chunks[0][1] - chunks[0][0])
+            if pace > 0:  # what the decoder adds to the talker's own stalls, first packet aside
+                pushed, landed, n = zip(*chunks)
+                m.stalls.append(max(0.0, playback_stall(landed, n, fps) - playback_stall(pushed, n, fps)))
 
         async def worker(i: int) -> None:
             await asyncio.sleep(i * stagger_s)
@@ -128,6 +152,16 @@ async def _workload(core: StreamEngine, concurrency: int, frames: int, schedule:
     return m
 
 
+def playback_stall(arrivals: "tuple[float, ...]", frames: "tuple[int, ...]", fps: float) -> float:
+    """Seconds a listener waits after the first chunk, playing chunks in order from the first
+    arrival on; a chunk that lands after its turn pauses playback until it does."""
+    play, stalled = arrivals[0], 0.0
+    for at, n in zip(arrivals, frames):
+        stalled += max(0.0, at - play)
+        play = max(play, at) + n / fps
+    return stalled
+
+
 @dataclass
 class _Measured:
     wall: float = 0.0
@@ -136,6 +170,7 @@ class _Measured:
     ttfp: list[float] = field(default_factory=list)
     chunk: list[float] = field(default_factory=list)
     steps: list[float] = field(default_factory=list)
+    stalls: list[float] = field(default_factory=list)  # paced: seconds each stream's playback waited
     stats: EngineStats | None = None
 
 
@@ -151,6 +186,7 @@ def run(
     progress: bool = True,
     seconds: float = 0.0,
     group_by_size: bool = False,
+    pace: float = 0.0,
 ) -> list[Result]:
     schedule = schedule or [1, 25]
     cuda = next(model.parameters()).is_cuda
@@ -178,7 +214,7 @@ def run(
                 if cuda:
                     torch.cuda.synchronize()
                     torch.cuda.reset_peak_memory_stats()
-                m = asyncio.run(_workload(core, c, frames, schedule, prefix_frames, stagger_s, seed=c, seconds=seconds))
+                m = asyncio.run(_workload(core, c, frames, schedule, prefix_frames, stagger_s, seed=c, seconds=seconds, pace=pace))
                 runner = core.runner
                 audio_s = m.samples / core.cfg.sample_rate
                 results.append(
@@ -204,6 +240,9 @@ def run(
                         graph_hits=getattr(runner, "hits", 0),
                         graph_fallbacks=sum(getattr(runner, "fallbacks", {}).values()),
                         sustained_s=seconds,
+                        pace=pace,
+                        stalled_pct=100 * float(np.mean(np.asarray(m.stalls) > 1e-3)) if m.stalls else float("nan"),
+                        stall_p99_ms=_pct(m.stalls, 99),
                     )
                 )
                 print(json.dumps(asdict(results[-1])), flush=True)  # kept even if a later level is cut off
@@ -214,12 +253,14 @@ def run(
 
 
 def table(results: list[Result]) -> str:
-    head = f"{'mode':<12}{'c':>5}{'pfx':>5}{'x RT':>9}{'step p50':>10}{'step p99':>10}{'TTFP p50':>10}{'TTFP p99':>10}{'chunk p99':>10}{'pool MB':>9}{'graph MB':>9}{'peak MB':>9}"
+    head = (f"{'mode':<12}{'c':>5}{'pfx':>5}{'x RT':>9}{'step p50':>10}{'step p99':>10}{'TTFP p50':>10}{'TTFP p99':>10}{'chunk p99':>10}"
+            f"{'stalled%':>9}{'pool MB':>9}{'graph MB':>9}{'peak MB':>9}")
     lines = [head, "-" * len(head)]
     for r in results:
         lines.append(
             f"{r.mode:<12}{r.concurrency:>5}{r.prefix_frames:>5}{r.throughput_x:>9.1f}{r.step_p50_ms:>10.2f}{r.step_p99_ms:>10.2f}"
-            f"{r.ttfp_p50_ms:>10.2f}{r.ttfp_p99_ms:>10.2f}{r.chunk_p99_ms:>10.2f}{r.mem_state_pool_mb:>9.0f}{r.mem_graph_pool_mb:>9.0f}{r.mem_peak_mb:>9.0f}"
+            f"{r.ttfp_p50_ms:>10.2f}{r.ttfp_p99_ms:>10.2f}{r.chunk_p99_ms:>10.2f}{r.stalled_pct:>9.1f}{r.mem_state_pool_mb:>9.0f}"
+            f"{r.mem_graph_pool_mb:>9.0f}{r.mem_peak_mb:>9.0f}"
         )
     return "\n".join(lines)
 
@@ -259,6 +300,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunks", default="1,25", help="chunk schedule, the last size repeating")
     p.add_argument("--prefix", default="0", help="reference prefix frames; comma list runs each")
     p.add_argument("--stagger-ms", type=float, default=2.0)
+    p.add_argument("--pace", type=float, default=0.0,
+                   help="talkers generating at this x real time push each chunk when its frames exist, and listeners play from the "
+                        "first audio; reports the streams whose playback stalled (0: push the next chunk when the last one's audio is back)")
     p.add_argument("--seconds", type=float, default=0.0,
                    help="sustained load: each of the c workers opens stream after stream and a window of this many seconds is "
                         "measured once all have started (0: each worker decodes one stream and the whole burst is measured)")
@@ -308,12 +352,12 @@ def main(args: argparse.Namespace) -> int:
     results: list[Result] = []
     prefixes = tuple(int(x) for x in args.prefix.split(","))
     results += run(model, modes, levels, args.frames, chunks, prefixes, args.stagger_ms / 1e3, args.max_batch_frames, seconds=args.seconds,
-                   group_by_size=args.group_by_size)
+                   group_by_size=args.group_by_size, pace=args.pace)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu", "dtype": args.dtype, "torch": torch.__version__,
             "channels_last": args.channels_last, "max_batch_frames": args.max_batch_frames, "sustained_s": args.seconds,
-            "group_by_size": args.group_by_size}
+            "group_by_size": args.group_by_size, "pace": args.pace}
     (out / "results.json").write_text(json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=2))
     plot(results, out / "plot.png")
     print(table(results))

@@ -451,6 +451,34 @@ def test_bench_sustained_load_measures_a_window(m):
     assert core.active == 0 and core.pool.in_use == 0  # every stream finished, every slot back
 
 
+def test_bench_paced_talkers_count_the_stalls_the_decoder_adds(m):
+    """``--pace``: each chunk is pushed when a talker at that speed has its frames, not when the
+    last audio is back; per stream we keep the playback stall the decoder adds beyond the
+    talker's own (here the talker alone stalls the listener for 120 ms after the 1-frame first
+    chunk). A decoder that answers at once adds none; one that takes 100 ms per 5-frame chunk
+    adds about that."""
+    import time
+
+    from code2wav.bench import _workload, playback_stall
+
+    assert playback_stall((0.0, 0.05, 0.3), (1, 1, 1), 12.5) == pytest.approx(0.14)  # 80 ms frames
+    assert playback_stall((0.0, 0.05, 0.1), (1, 1, 1), 12.5) == 0.0
+
+    def run(slow: bool):  # the runner returns silence at once, or after 100 ms for 5 frames
+        core = StreamEngine(m, max_streams=2)
+        core.runner = lambda c, slots, n_new: (time.sleep(0.1) if slow and c.shape[-1] == 5 else None, torch.zeros(c.shape[0], c.shape[-1] * SPF))[1]
+        t0 = time.perf_counter()
+        res = asyncio.run(_workload(core, 2, 6, [1, 5], 0, 0.0, seed=3, pace=2.0))  # chunks due at 40 and 240 ms
+        return res, time.perf_counter() - t0
+
+    fast, took = run(slow=False)
+    assert took >= 0.24 and len(fast.stalls) == 2 and len(fast.ttfp) == 2
+    assert all(s < 0.02 for s in fast.stalls), fast.stalls
+    slow, _ = run(slow=True)
+    assert all(0.08 < s < 0.3 for s in slow.stalls), slow.stalls
+    assert fast.samples == slow.samples == 2 * 6 * SPF
+
+
 def test_engine_never_exceeds_the_runners_buckets(m, codes):
     """With a graph-like runner (largest bucket 4 frames, at most 2 rows), a step over 5 streams
     with 11-frame chunks is cut into pieces every call of which the runner holds, and stays exact."""
