@@ -307,6 +307,37 @@ def test_step_polls_for_more_rows_and_keeps_each_streams_order(m, codes):
     assert (torch.cat(got["b"]) - ref[: 7 * SPF]).abs().max() <= 1e-9
 
 
+def test_finishing_many_streams_during_a_long_step_queues_one_zeroing_job(m, codes):
+    """Streams ending while a step runs leave their slots to be zeroed by one queued job (not one
+    each: a continuous step may last as long as the load), and a new stream on a reused slot
+    still starts cold."""
+
+    async def main():
+        core = StreamEngine(m, max_streams=6, max_step_frames=8, max_batch_frames=8)
+        hold, held = _hold_runner(core, lambda slots: slots == [5])
+        async with AsyncEngine(core) as eng:
+            for i in range(6):
+                await eng.open(f"s{i}")
+            futs = [eng.submit(f"s{i}", codes[:2]) for i in range(5)]
+            await asyncio.gather(*futs)
+            long = eng.submit("s5", codes[:3])  # holds the worker
+            while not held.is_set():
+                await asyncio.sleep(0.001)
+            for i in range(5):
+                await eng.finish(f"s{i}")
+            queued = eng._worker._work_queue.qsize()
+            await eng.open("new")
+            fn = eng.submit("new", codes[:4])
+            hold.set()
+            await long
+            out = await fn
+            return queued, out
+
+    queued, out = asyncio.run(main())
+    assert queued == 1
+    assert (out - forward_audio(m, codes[:4])).abs().max() <= 1e-9
+
+
 def test_first_chunks_go_ahead_of_streams_already_playing(m, codes):
     """A stream's first chunk joins the very next group, ahead of queued chunks of streams that
     already have audio; the later chunks keep their order and every output stays exact."""

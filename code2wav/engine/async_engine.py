@@ -64,6 +64,7 @@ class AsyncEngine:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="code2wav-step")
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._zeroing_queued = False
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -139,7 +140,7 @@ class AsyncEngine:
         finally:
             if self._pending.pop(request_id, None) is not None and request_id in self.core._streams:
                 self.core.finish(request_id)  # no frames left: frees the slot, nothing to decode
-                self._worker.submit(self.core.zero_released)  # not awaited: behind any running step
+                self._zero_released_later()
         return audio
 
     async def abort(self, request_id: str) -> None:
@@ -149,7 +150,18 @@ class AsyncEngine:
             self._fail_pending(request_id, StreamError("aborted", f"stream {request_id!r} aborted"))
             self._pending.pop(request_id, None)
         self.core.abort(request_id)
-        self._worker.submit(self.core.zero_released)
+        self._zero_released_later()
+
+    def _zero_released_later(self) -> None:
+        """Zero freed slots on the worker, off the next stream's first packet: one job queued at
+        a time (a continuous step may run for as long as the load lasts; it zeroes them too)."""
+        if not self._zeroing_queued:
+            self._zeroing_queued = True
+            self._worker.submit(self._zero_released)
+
+    def _zero_released(self) -> None:  # on the worker
+        self._zeroing_queued = False
+        self.core.zero_released()
 
     def _fail_pending(self, rid: str, err: Exception) -> None:
         for _, fut, _ in self._pending.get(rid, ()):
