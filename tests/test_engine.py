@@ -338,6 +338,31 @@ def test_finishing_many_streams_during_a_long_step_queues_one_zeroing_job(m, cod
     assert (out - forward_audio(m, codes[:4])).abs().max() <= 1e-9
 
 
+def test_a_cancelled_chunk_is_dropped_and_the_stream_goes_on(m, codes):
+    """A queued chunk whose future the caller cancels is never decoded; the stream's next chunk
+    still runs, right after the one before the cancelled one."""
+
+    async def main():
+        core = StreamEngine(m, max_streams=1)
+        hold, held = _hold_runner(core, lambda slots: True)
+        async with AsyncEngine(core, max_pending_chunks=4) as eng:
+            await eng.open("a")
+            f1 = eng.submit("a", codes[:3])
+            while not held.is_set():
+                await asyncio.sleep(0.001)
+            f2, f3 = eng.submit("a", codes[3:5]), eng.submit("a", codes[5:9])
+            f2.cancel()
+            hold.set()
+            a1, a3 = await asyncio.wait_for(asyncio.gather(f1, f3), 10)
+            await eng.finish("a")
+            return a1, a3, eng.stats.chunks
+
+    a1, a3, chunks = asyncio.run(main())
+    kept = torch.cat([codes[:3], codes[5:9]])
+    assert chunks == 2
+    assert (torch.cat([a1, a3]) - forward_audio(m, kept)).abs().max() <= 1e-9
+
+
 def test_first_chunks_go_ahead_of_streams_already_playing(m, codes):
     """A stream's first chunk joins the very next group, ahead of queued chunks of streams that
     already have audio; the later chunks keep their order and every output stays exact."""
