@@ -68,6 +68,10 @@ class _Row:
     done: int = 0
     pieces: list[tuple[Tensor, int]] = field(default_factory=list)  # (padded audio row, valid samples)
 
+    def next_piece(self, piece: int) -> int:
+        """Frames of this row's next launch: what is left, at most ``piece``."""
+        return min(self.frames.shape[0] - self.done, piece)
+
 
 class StreamEngine:
     """Synchronous batched streaming decoder (eager; the GPU engine adds graphs and a loop)."""
@@ -237,8 +241,7 @@ class StreamEngine:
             if on_ready is not None:
                 on_ready(rid, res)
 
-        with self._lock:
-            self.reap_idle()
+        self.reap_idle()
         admit = lambda c: self._admit(c, lambda rid, e: deliver(None, rid, e))  # noqa: E731
         rows = admit(chunks)
         if self.mode == "exact":
@@ -330,7 +333,7 @@ class StreamEngine:
                 break
             group = self._next_group(queue, piece, deliver)
             if group:
-                n = [min(r.frames.shape[0] - r.done, piece) for r in group]
+                n = [r.next_piece(piece) for r in group]
                 # [B, max n, Q] zero-padded in one call, then laid out [B, Q, T] (pinned on CUDA)
                 padded = pad_sequence([r.frames[r.done : r.done + k] for r, k in zip(group, n)], batch_first=True)
                 codes = torch.empty(padded.shape[0], padded.shape[2], padded.shape[1], dtype=torch.long, pin_memory=pin)
@@ -369,13 +372,13 @@ class StreamEngine:
         group: list[_Row] = []
         slots: set[int] = set()
         passed: list[_Row] = []  # left in the queue, in order
-        size_class = None
+        size_class, widest = None, 0
         while queue:
             r = queue.popleft()
             if self._streams.get(r.stream.request_id) is not r.stream:  # aborted: its slot may be someone else's now
                 deliver(r.stream, r.stream.request_id, StreamError("stream_ended", f"stream {r.stream.request_id!r} ended while its chunk was queued"))
                 continue
-            n = min(r.frames.shape[0] - r.done, piece)
+            n = r.next_piece(piece)
             other_class = self.group_by_size and size_class is not None and _bucket(n) != size_class
             if r.stream.slot in slots or other_class:
                 if not self.group_by_size:  # the same stream's next rows wait for this one's
@@ -384,13 +387,12 @@ class StreamEngine:
                 passed.append(r)
                 slots.add(r.stream.slot)
                 continue
-            take = max([min(x.frames.shape[0] - x.done, piece) for x in group] + [n])
-            if group and len(group) + 1 > self._max_rows(take):
+            if group and len(group) + 1 > self._max_rows(max(widest, n)):
                 queue.appendleft(r)
                 break
             group.append(r)
             slots.add(r.stream.slot)
-            size_class = _bucket(n)
+            size_class, widest = _bucket(n), max(widest, n)
         queue.extendleft(reversed(passed))
         return group
 
