@@ -15,7 +15,7 @@
 #                              fp16 under sustained load (capture alone takes ~90 s)  [~450 s]
 #   bash bench/gpu.sh session4 quick checks; sustained load (budget 256, prefix 0/72; budget 512
 #                              with expandable segments); the burst workload            [~500 s]
-#   bash bench/gpu.sh group    sustained load with and without --group-by-size          [~350 s]
+#   bash bench/gpu.sh group    sustained load with --no-group-by-size and with it (default) [~280 s]
 #   bash bench/gpu.sh capacity 256 / 1024 / 2048 talkers at 2x real time: decoder-added stalls
 #                              (unmeasured; the pool of 2048 slots is ~5 GiB)          [~200 s]
 #   bash bench/gpu.sh offline64  fp32 batch-64 offline, ours vs official, cuDNN heuristics [~60 s]

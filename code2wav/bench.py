@@ -69,7 +69,7 @@ def schedule_sizes(schedule: list[int], total: int) -> list[int]:
     return sizes
 
 
-def build_engine(model: Decoder, mode: str, max_streams: int, max_batch_frames: int, group_by_size: bool = False) -> StreamEngine:
+def build_engine(model: Decoder, mode: str, max_streams: int, max_batch_frames: int, group_by_size: bool = True) -> StreamEngine:
     core_mode = mode.split("-")[0]
     core = StreamEngine(model, max_streams=max_streams, mode=core_mode, max_step_frames=32, max_batch_frames=max_batch_frames,  # type: ignore[arg-type]
                         group_by_size=group_by_size)
@@ -185,7 +185,7 @@ def run(
     max_batch_frames: int = 256,
     progress: bool = True,
     seconds: float = 0.0,
-    group_by_size: bool = False,
+    group_by_size: bool = True,
     pace: float = 0.0,
 ) -> list[Result]:
     schedule = schedule or [1, 25]
@@ -308,8 +308,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "measured once all have started (0: each worker decodes one stream and the whole burst is measured)")
     p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=True,
                    help="CUDA: run the conv stack channels-last (the default; --no-channels-last: contiguous)")
-    p.add_argument("--group-by-size", action="store_true",
-                   help="one size class of chunk per batched forward (1-frame first chunks apart from 25-frame ones): less padding, more forwards")
+    p.add_argument("--group-by-size", action=argparse.BooleanOptionalAction, default=True,
+                   help="one size class of chunk per batched forward, 1-frame first chunks apart from 25-frame ones (the default; "
+                        "--no-group-by-size: any sizes share a forward, padded to the widest)")
     p.add_argument("--max-batch-frames", type=int, default=256, help="padded frames per graph; sets the graph pool size (bf16 H200: 128 -> 0.5 GiB, 256 -> 1.0 GiB, 512 -> 1.6 GiB)")
     p.add_argument("--out", default="bench-out", help="directory for results.json and plot.png")
     p.add_argument("--server", default=None, help="measure a running code2wav serve at this URL instead (TTFP at the client)")

@@ -85,7 +85,7 @@ class StreamEngine:
         max_batch_frames: int = 1024,
         idle_timeout: float | None = None,
         max_prefix_frames: int = 4096,
-        group_by_size: bool = False,
+        group_by_size: bool = True,
     ):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -96,7 +96,9 @@ class StreamEngine:
         self.max_batch_frames = max(max_batch_frames, max_step_frames)
         self.idle_timeout = idle_timeout
         self.max_prefix_frames = max_prefix_frames
-        self.group_by_size = group_by_size  # groups of one size class each (less padding, more groups)
+        # Groups of one size class each: a 1-frame first chunk is not padded to a 25-frame row's
+        # length. Measured on the H200: +9 % throughput and half the first-packet time at c=256.
+        self.group_by_size = group_by_size
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.pool = StatePool(model, max_streams) if mode == "exact" else None
