@@ -18,6 +18,8 @@
 #   bash bench/gpu.sh group    sustained load with --no-group-by-size and with it (default) [~280 s]
 #   bash bench/gpu.sh capacity 256 / 1024 / 2048 talkers at 2x real time: decoder-added stalls
 #                              (unmeasured; the pool of 2048 slots is ~5 GiB)          [~200 s]
+#   bash bench/gpu.sh session5 quick checks; the fused residual-unit tail per block (time, tile
+#                              sweep, bf16 SNR); step profile with and without it; sustained load
 #   bash bench/gpu.sh offline64  fp32 batch-64 offline, ours vs official, cuDNN heuristics [~60 s]
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -103,6 +105,14 @@ session4)  # continuous steps: checks, sustained load at budgets 256 and 512, th
   timeout 130 python3 -m code2wav.bench --modes exact-graph --levels 1,16,64,256 --frames 101 --out /tmp/burst 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/burst.txt"
   echo "=== summary ==="; checks_summary
   for f in sustained sustained_512 burst; do echo "-- $f"; grep -A10 "^mode" "$OUT/$f.txt"; done
+  ;;
+session5)
+  timeout 130 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
+  timeout 100 python3 bench/unit_tail.py 16x25 2>&1 | tee "$OUT/unit_tail.txt"
+  timeout 170 python3 bench/profile_step.py bfloat16 channels_last,channels_last-unfused 2>&1 | tee "$OUT/profile.txt"
+  timeout 200 python3 -m code2wav.bench --modes exact-graph --levels 1,16,64,256 --prefix 0,72 --seconds 3 --out /tmp/bench 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/sustained.txt"
+  echo "=== summary ==="; checks_summary; cat "$OUT/unit_tail.txt"; grep -B1 -A9 "eager ms" "$OUT/profile.txt"; grep -- "^---" "$OUT/profile.txt"
+  grep -A10 "^mode" "$OUT/sustained.txt"
   ;;
 offline64)
   python3 bench/offline.py --device cuda --dtypes float32 --batches 64 --frames 125 --repeat 2 --no-autotune 2>&1 | tee "$OUT/offline_fp32_b64.txt"

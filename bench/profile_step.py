@@ -9,6 +9,7 @@ import time
 import torch
 
 from code2wav.engine.graphs import GraphRunner
+from code2wav.kernels import unit
 from code2wav.model.config import DecoderConfig
 from code2wav.model.init import random_decoder
 from code2wav.model.loading import configure_cuda
@@ -16,7 +17,9 @@ from code2wav.stream.engine import StreamEngine
 
 
 def main() -> int:
-    """argv: [dtype] [layouts] [cuDNN benchmark_limit: algorithms timed per shape, 0 = all]."""
+    """argv: [dtype] [layouts] [cuDNN benchmark_limit: algorithms timed per shape, 0 = all].
+    A layout named ``...-unfused`` runs the residual units' tails as separate ops (the A/B of
+    ``code2wav/kernels/unit.py``)."""
     dtype = getattr(torch, sys.argv[1] if len(sys.argv) > 1 else "bfloat16")
     layouts = sys.argv[2].split(",") if len(sys.argv) > 2 else ["channels_last"]  # the CUDA default
     configure_cuda(dtype)
@@ -25,7 +28,10 @@ def main() -> int:
     print(f"{dtype}, cuDNN benchmark_limit {torch.backends.cudnn.benchmark_limit}")
     shapes = [(1, 1), (16, 1), (1, 25), (5, 25), (10, 25), (16, 25), (20, 25), (64, 8)]
     g = torch.Generator().manual_seed(0)
+    real_applies = unit.applies
     for layout in layouts:  # the same step, conv weights stored either way
+        unit.applies = (lambda x, h: False) if layout.endswith("-unfused") else real_applies
+        layout = layout.removesuffix("-unfused")
         m = random_decoder(DecoderConfig())
         m.fold(dtype)
         m = m.to("cuda", dtype).eval().requires_grad_(False)

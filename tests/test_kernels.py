@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from code2wav.kernels import history, mono_conv, snake  # noqa: E402
+from code2wav.kernels import history, mono_conv, snake, unit  # noqa: E402
 from code2wav.kernels import transformer as tk  # noqa: E402
 from code2wav.kernels.history import window  # noqa: E402
 from code2wav.model.streaming import Step  # noqa: E402
@@ -36,6 +36,7 @@ def triton_on_cpu(monkeypatch):
     monkeypatch.setattr(snake, "BLOCK", 1 << 16)
     monkeypatch.setattr(snake, "MAX_TILE_EDGE", (1 << 14, 1 << 10))
     monkeypatch.setattr(mono_conv, "BLOCK_T", 4096)
+    monkeypatch.setattr(unit, "BLOCK_M", 4096)
     with one_thread():
         yield
 
@@ -127,6 +128,36 @@ def test_mono_conv_matches_conv1d(layout, dilation):
     w = laid_out(torch.randn(1, 96, 7, generator=g) * 0.1, layout)  # weights may be channels-last too
     bias = torch.randn(1, generator=g)
     assert close(mono_conv.mono_conv(x, w, bias, dilation), F.conv1d(x, w, bias, dilation=dilation), 1e-5)
+
+
+@pytest.mark.parametrize("C", [16, 96])
+@pytest.mark.parametrize("tiles", ["one", "many"])
+def test_unit_tail_matches_the_unit_ops(monkeypatch, C, tiles):
+    """The residual unit's fused tail equals conv1's bias, SnakeBeta, the 1x1 conv and the
+    residual add done one by one; with tiles smaller than the tensors (as on the GPU: a row count
+    no tile divides, output channels split over programs, 96 padded to a power of two) too."""
+    if tiles == "many":
+        monkeypatch.setattr(unit, "BLOCK_M", 16)
+        monkeypatch.setattr(unit, "MAX_BLOCK_N", 32)
+    g = torch.Generator().manual_seed(4)
+    B, L = 3, 37
+    x, h = (laid_out(torch.randn(B, C, L, generator=g), "channels_last") for _ in range(2))
+    w2 = torch.randn(C, C, 1, generator=g) / C**0.5
+    b1, alpha, beta, b2 = (torch.randn(C, generator=g) * 0.3 for _ in range(4))
+    assert unit.applies(x, h)
+    y = unit.unit_tail(h, x, w2, b1, alpha, beta, b2)
+    ref = x + F.conv1d(snake.snake_beta_eager(h, alpha, beta, b1), w2, b2)
+    assert close(y, ref, 1e-5) and snake.is_channels_last(y)
+
+
+def test_unit_tail_applies_only_where_it_is_exact_and_fast():
+    g = torch.Generator().manual_seed(5)
+    cl = laid_out(torch.randn(2, 32, 9, generator=g), "channels_last")
+    assert unit.applies(cl, cl.clone())
+    assert not unit.applies(cl.contiguous(), cl.contiguous())  # contiguous [B, C, L]: cuDNN's 1x1 conv
+    odd = laid_out(torch.randn(2, 8, 9, generator=g), "channels_last")
+    assert not unit.applies(odd, odd)  # 8 channels: below the GEMM's 16-wide slice
+    assert not unit.applies(cl.double(), cl.double())  # float64 stays eager
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

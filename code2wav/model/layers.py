@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from code2wav.kernels import unit
 from code2wav.kernels.mono_conv import mono_conv
 from code2wav.kernels.snake import bias_add, residual_add, snake_beta, to_layout
 from code2wav.model.streaming import Step, StreamingLayer
@@ -121,7 +122,10 @@ class ResidualUnit(nn.Module):
         self.conv2 = CausalConv1d(dim, dim, 1, rate=rate)
 
     def forward(self, x: Tensor, step: Step | None = None) -> Tensor:
-        h = self.act2(self.conv1(x, step, add_bias=False, act=self.act1), bias=self.conv1.conv.bias)
+        h = self.conv1(x, step, add_bias=False, act=self.act1)
+        if unit.applies(x, h):  # conv1's bias, act2, conv2 and the residual in one pass (conv2 has no state)
+            return unit.unit_tail(h, x, self.conv2.conv.weight, self.conv1.conv.bias, self.act2.alpha, self.act2.beta, self.conv2.conv.bias)
+        h = self.act2(h, bias=self.conv1.conv.bias)
         return residual_add(x, self.conv2(h, step, add_bias=False), self.conv2.conv.bias)
 
 

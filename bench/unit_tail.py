@@ -1,0 +1,94 @@
+"""The residual unit's fused tail (``code2wav/kernels/unit.py``) against the ops it replaces, on
+the GPU: per decoder block (its channels and samples per frame), a whole unit's time with and
+without the fused tail, a sweep of the tail kernel's tiles, and the bf16 error of both against a
+float32 unit. argv: [rows x frames per step, default 16x25] [dtype, default bfloat16]."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+
+import torch
+
+from code2wav.kernels import snake, unit
+from code2wav.kernels.snake import to_layout
+from code2wav.model.layers import ResidualUnit, channels_last_
+
+BLOCKS = ((768, 32), (384, 160), (192, 640), (96, 1920))  # (channels, samples per frame) of the 4 decoder blocks
+
+
+def timed(fn, reps: int = 30) -> float:
+    for _ in range(3):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps * 1e3  # us
+
+
+def snr(ref: torch.Tensor, y: torch.Tensor) -> float:
+    ref, y = ref.double(), y.double()
+    return (10 * torch.log10(ref.pow(2).mean() / (y - ref).pow(2).mean())).item()
+
+
+def main() -> int:
+    rows, frames = (int(v) for v in (sys.argv[1] if len(sys.argv) > 1 else "16x25").split("x"))
+    dtype = getattr(torch, sys.argv[2] if len(sys.argv) > 2 else "bfloat16")
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.allow_tf32 = False  # the float32 reference stays float32
+    g = torch.Generator().manual_seed(0)
+    real_applies = unit.applies
+    print(f"{dtype}, {rows} rows x {frames} frames; times in us per residual unit (dilation 9)")
+    print(f"{'C':>5}{'L':>7}{'unfused':>9}{'fused':>9}{'gain':>7}   best tile (BM, BN, warps)   SNR dB unfused / fused vs fp32")
+    for C, spf in BLOCKS:
+        L = frames * spf
+        ru32 = ResidualUnit(C, 9, rate=spf)
+        with torch.no_grad():
+            for p in ru32.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * (0.5 / p.shape[1] ** 0.5 if p.dim() == 3 else 0.3))
+        ru32 = ru32.cuda().eval().requires_grad_(False)
+        for mod in (ru32.conv1, ru32.conv2):
+            channels_last_(mod.conv)
+        ru = ResidualUnit(C, 9, rate=spf).cuda().to(dtype).eval().requires_grad_(False)
+        ru.load_state_dict(ru32.state_dict())
+        for mod in (ru.conv1, ru.conv2):
+            channels_last_(mod.conv)
+        x32 = to_layout(torch.randn(rows, C, L, device="cuda"), True)
+        x = x32.to(dtype)
+        with torch.no_grad():
+            ref = ru32(x32)
+            out = {}
+            us = {}
+            for name, on in (("unfused", False), ("fused", True)):
+                unit.applies = real_applies if on else (lambda x, h: False)
+                out[name] = ru(x)
+                us[name] = timed(lambda: ru(x))
+            unit.applies = real_applies
+            h = ru.conv1(x, None, add_bias=False, act=ru.act1)
+            args = (h, x, ru.conv2.conv.weight, ru.conv1.conv.bias, ru.act2.alpha, ru.act2.beta, ru.conv2.conv.bias)
+            sweep = {}
+            for bm, bn, w in itertools.product((32, 64, 128), (64, 128, 256), (4, 8)):
+                if bn > 2 * triton_pow2(C):
+                    continue
+                try:
+                    sweep[(bm, bn, w)] = timed(lambda: unit.unit_tail(*args, block_m=bm, block_n=bn, num_warps=w))
+                except Exception as e:  # out of shared memory / registers for this tile
+                    sweep[(bm, bn, w)] = float("inf")
+                    print(f"  tile {(bm, bn, w)}: {type(e).__name__}")
+            default_tail = timed(lambda: unit.unit_tail(*args))
+        best = min(sweep, key=sweep.get)
+        print(f"{C:>5}{L:>7}{us['unfused']:>9.1f}{us['fused']:>9.1f}{us['unfused'] / us['fused']:>6.2f}x"
+              f"   {str(best):<16} tail {sweep[best]:.1f} (default {default_tail:.1f})"
+              f"   {snr(ref, out['unfused']):.1f} / {snr(ref, out['fused']):.1f}", flush=True)
+    return 0
+
+
+def triton_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
