@@ -135,10 +135,9 @@ def test_mono_conv_matches_conv1d(layout, dilation):
 def test_unit_tail_matches_the_unit_ops(monkeypatch, C, tiles):
     """The residual unit's fused tail equals conv1's bias, SnakeBeta, the 1x1 conv and the
     residual add done one by one; with tiles smaller than the tensors (as on the GPU: a row count
-    no tile divides, output channels split over programs, 96 padded to a power of two) too."""
+    no tile divides) too, and 96 channels padded to a power of two."""
     if tiles == "many":
         monkeypatch.setattr(unit, "BLOCK_M", 16)
-        monkeypatch.setattr(unit, "MAX_BLOCK_N", 32)
     g = torch.Generator().manual_seed(4)
     B, L = 3, 37
     x, h = (laid_out(torch.randn(B, C, L, generator=g), "channels_last") for _ in range(2))
@@ -158,6 +157,8 @@ def test_unit_tail_applies_only_where_it_is_exact_and_fast():
     odd = laid_out(torch.randn(2, 8, 9, generator=g), "channels_last")
     assert not unit.applies(odd, odd)  # 8 channels: below the GEMM's 16-wide slice
     assert not unit.applies(cl.double(), cl.double())  # float64 stays eager
+    wide = laid_out(torch.randn(2, 384, 9, generator=g), "channels_last")
+    assert not unit.applies(wide, wide)  # 384 channels: more than one output tile
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -16,9 +16,11 @@ from torch import Tensor
 from code2wav.kernels import snake
 from code2wav.kernels.snake import fast_sin, is_channels_last, triton
 
-BLOCK_M = 64  # rows (time samples of all streams) per program
+BLOCK_M = 128  # rows (time samples of all streams) per program
+NUM_WARPS, NUM_STAGES = 4, 3
 MIN_K = 16  # the GEMM's input-channel slice: 32, or 16 for channel counts it does not divide
-MAX_BLOCK_N = 256  # output channels per program: up to 256 all at once, so SnakeBeta runs once per A tile
+MAX_C = 256  # all output channels in one tile, so SnakeBeta runs once per input element; wider
+#              units (384, 768 channels: 1/5 of the elements) keep the separate ops
 
 if triton is not None:
     import triton.language as tl
@@ -26,27 +28,24 @@ if triton is not None:
     from code2wav.kernels.snake import snake_params, snake_value
 
     @triton.jit
-    def _unit_tail_kernel(h_ptr, x_ptr, w_ptr, y_ptr, b1_ptr, alpha_ptr, beta_ptr, b2_ptr, M, swn, swk, C: tl.constexpr,
-                          FAST_SIN: tl.constexpr, IEEE: tl.constexpr,
+    def _unit_tail_kernel(h_ptr, x_ptr, w_ptr, y_ptr, b1_ptr, alpha_ptr, beta_ptr, b2_ptr, M, swn, swk,
+                          C: tl.constexpr, FAST_SIN: tl.constexpr, NUM_STAGES: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]  # [BM, 1]
-        rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # [1, BN]
+        rn = tl.arange(0, BLOCK_N)[None, :]  # [1, BN]: every output channel (BLOCK_N = C rounded up)
         mmask = rm < M
         nmask = rn < C
         rows = rm.to(tl.int64) * C
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in tl.static_range(0, C, BLOCK_K):  # C is a compile-time constant: a few channel counts
+        for k0 in tl.range(0, C, BLOCK_K, num_stages=NUM_STAGES):  # BLOCK_K divides C: no K mask
             rk = k0 + tl.arange(0, BLOCK_K)[None, :]  # [1, BK]
-            a = tl.load(h_ptr + rows + rk, mask=mmask, other=0.0).to(tl.float32)  # BLOCK_K divides C
+            a = tl.load(h_ptr + rows + rk, mask=mmask, other=0.0).to(tl.float32)
             a += tl.load(b1_ptr + rk).to(tl.float32)
             sa, inv_b = snake_params(alpha_ptr, beta_ptr, rk, C)
             a = snake_value(a, sa, inv_b, FAST_SIN).to(w_ptr.dtype.element_ty)  # the 1x1 conv's input dtype
             wk = tl.trans(rk)  # [BK, 1]
             w = tl.load(w_ptr + rn * swn + wk * swk, mask=nmask, other=0.0)  # [BK, BN] = W2[n, k]
-            if IEEE:  # float32: no TF32 (the float32 path is the exactness path)
-                acc = tl.dot(a, w, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(a, w, acc)
+            acc = tl.dot(a, w, acc)
         acc += tl.load(b2_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
         m = mmask & nmask
         acc += tl.load(x_ptr + rows + rn, mask=m, other=0.0).to(tl.float32)
@@ -54,13 +53,17 @@ if triton is not None:
 
 
 def applies(x: Tensor, h: Tensor) -> bool:
-    """The fused tail runs on CUDA for channels-last activations (the CUDA default), where the
-    unit's input and the k=7 conv's output are both dense ``[B*L, C]`` matrices."""
-    return snake.fused(x) and x.shape == h.shape and is_channels_last(x) and is_channels_last(h) and x.shape[1] % MIN_K == 0
+    """Where the fused tail runs: bf16/fp16 on CUDA (float32 keeps cuDNN's exact convs; an IEEE
+    float32 Triton GEMM is slow), channels-last activations (the CUDA default: the unit's input
+    and the k=7 conv's output are then dense ``[B*L, C]`` matrices), up to ``MAX_C`` channels.
+    (Tests run it on CPU float32 through Triton's interpreter, where its dot is exact.)"""
+    C = x.shape[1]
+    return (snake.fused(x) and not (x.is_cuda and x.dtype == torch.float32) and x.shape == h.shape
+            and is_channels_last(x) and is_channels_last(h) and C % MIN_K == 0 and C <= MAX_C)
 
 
 def unit_tail(h: Tensor, x: Tensor, w2: Tensor, b1: Tensor, alpha: Tensor, beta: Tensor, b2: Tensor,
-              block_m: int | None = None, block_n: int | None = None, num_warps: int | None = None) -> Tensor:
+              block_m: int | None = None, num_warps: int | None = None, num_stages: int | None = None) -> Tensor:
     """``x + b2 + conv1x1(snake(h + b1), w2)`` over channels-last ``[B, C, L]`` (see ``applies``);
     ``w2`` is the 1x1 conv's ``[C, C, 1]`` weight. Returns a new channels-last tensor. The tile
     arguments are for ``bench/unit_tail.py``'s sweep; the defaults are what it measured best."""
@@ -68,13 +71,10 @@ def unit_tail(h: Tensor, x: Tensor, w2: Tensor, b1: Tensor, alpha: Tensor, beta:
     M = B * L
     y = torch.empty(B, L, C, device=x.device, dtype=x.dtype).transpose(1, 2)
     block_m = block_m or BLOCK_M
-    block_n = block_n or min(triton.next_power_of_2(C), MAX_BLOCK_N)
-    block_k = 32 if C % 32 == 0 else MIN_K  # the decoder's channel counts are 3 * 2^k: no K mask needed
-    grid = (triton.cdiv(M, block_m), triton.cdiv(C, block_n))
-    _unit_tail_kernel[grid](
-        h, x, w2, y, b1, alpha, beta, b2, M, w2.stride(0), w2.stride(1), C=C,
-        FAST_SIN=fast_sin(x), IEEE=x.dtype == torch.float32,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=num_warps or (8 if block_n >= 256 else 4),
+    _unit_tail_kernel[(triton.cdiv(M, block_m),)](
+        h, x, w2, y, b1, alpha, beta, b2, M, w2.stride(0), w2.stride(1),
+        C=C, FAST_SIN=fast_sin(x), NUM_STAGES=num_stages or NUM_STAGES,
+        BLOCK_M=block_m, BLOCK_N=triton.next_power_of_2(C), BLOCK_K=32 if C % 32 == 0 else MIN_K,
+        num_warps=num_warps or NUM_WARPS,
     )
     return y
