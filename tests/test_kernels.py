@@ -36,7 +36,7 @@ def triton_on_cpu(monkeypatch):
     monkeypatch.setattr(snake, "BLOCK", 1 << 16)
     monkeypatch.setattr(snake, "MAX_TILE_EDGE", (1 << 14, 1 << 10))
     monkeypatch.setattr(mono_conv, "BLOCK_T", 4096)
-    monkeypatch.setattr(unit, "BLOCK_M", 4096)
+    monkeypatch.setattr(unit, "ACC_ELEMENTS", 1 << 24)
     with one_thread():
         yield
 
@@ -137,7 +137,7 @@ def test_unit_tail_matches_the_unit_ops(monkeypatch, C, tiles):
     residual add done one by one; with tiles smaller than the tensors (as on the GPU: a row count
     no tile divides) too, and 96 channels padded to a power of two."""
     if tiles == "many":
-        monkeypatch.setattr(unit, "BLOCK_M", 16)
+        monkeypatch.setattr(unit, "ACC_ELEMENTS", 16 * unit.triton.next_power_of_2(C))
     g = torch.Generator().manual_seed(4)
     B, L = 3, 37
     x, h = (laid_out(torch.randn(B, C, L, generator=g), "channels_last") for _ in range(2))

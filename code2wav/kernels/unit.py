@@ -16,8 +16,11 @@ from torch import Tensor
 from code2wav.kernels import snake
 from code2wav.kernels.snake import fast_sin, is_channels_last, triton
 
-BLOCK_M = 128  # rows (time samples of all streams) per program
-NUM_WARPS, NUM_STAGES = 4, 3
+# Tiles from bench/unit_tail.py's sweep on an H200 (bf16, 16 x 25 frames): 4 warps, 4 stages;
+# rows per program so the fp32 accumulator stays at 16k elements (128 rows x 128 channels for 96
+# channels, 64 x 256 for 192: 128 x 256 spilled registers and took 7x as long).
+ACC_ELEMENTS = 128 * 128
+NUM_WARPS, NUM_STAGES = 4, 4
 MIN_K = 16  # the GEMM's input-channel slice: 32, or 16 for channel counts it does not divide
 MAX_C = 256  # all output channels in one tile, so SnakeBeta runs once per input element; wider
 #              units (384, 768 channels: 1/5 of the elements) keep the separate ops
@@ -70,11 +73,12 @@ def unit_tail(h: Tensor, x: Tensor, w2: Tensor, b1: Tensor, alpha: Tensor, beta:
     B, C, L = x.shape
     M = B * L
     y = torch.empty(B, L, C, device=x.device, dtype=x.dtype).transpose(1, 2)
-    block_m = block_m or BLOCK_M
+    block_n = triton.next_power_of_2(C)
+    block_m = block_m or min(128, ACC_ELEMENTS // block_n)
     _unit_tail_kernel[(triton.cdiv(M, block_m),)](
         h, x, w2, y, b1, alpha, beta, b2, M, w2.stride(0), w2.stride(1),
         C=C, FAST_SIN=fast_sin(x), NUM_STAGES=num_stages or NUM_STAGES,
-        BLOCK_M=block_m, BLOCK_N=triton.next_power_of_2(C), BLOCK_K=32 if C % 32 == 0 else MIN_K,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=32 if C % 32 == 0 else MIN_K,
         num_warps=num_warps or NUM_WARPS,
     )
     return y
