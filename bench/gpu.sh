@@ -17,9 +17,10 @@
 #                              with expandable segments); the burst workload            [~500 s]
 #   bash bench/gpu.sh group    sustained load with --no-group-by-size and with it (default) [~280 s]
 #   bash bench/gpu.sh capacity 256 / 1024 / 2048 talkers at 2x real time: decoder-added stalls
-#                              (unmeasured; the pool of 2048 slots is ~5 GiB)          [~200 s]
+#                              (the pool of 2048 slots is ~5 GiB)                       [~140 s]
 #   bash bench/gpu.sh session5 quick checks; the fused residual-unit tail per block (time, tile
 #                              sweep, bf16 SNR); step profile with and without it; sustained load
+#   bash bench/gpu.sh budget   sustained load at budgets 512 and 640 (graph pool vs 1 GiB)  [~400 s]
 #   bash bench/gpu.sh offline64  fp32 batch-64 offline, ours vs official, cuDNN heuristics [~60 s]
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -113,6 +114,12 @@ session5)
   timeout 200 python3 -m code2wav.bench --modes exact-graph --levels 1,16,64,256 --prefix 0,72 --seconds 3 --out /tmp/bench 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/sustained.txt"
   echo "=== summary ==="; checks_summary; cat "$OUT/unit_tail.txt"; grep -B1 -A9 "eager ms" "$OUT/profile.txt"; grep -- "^---" "$OUT/profile.txt"
   grep -A10 "^mode" "$OUT/sustained.txt"
+  ;;
+budget)  # left unmeasured in session 5: do bigger forwards still fit the 1 GiB graph pool target?
+  for b in 512 640; do
+    timeout 190 python3 -m code2wav.bench --modes exact-graph --levels 64,256 --prefix 0,72 --seconds 3 --max-batch-frames $b --out /tmp/b$b 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/budget$b.txt"
+  done
+  echo "=== summary ==="; for b in 512 640; do grep -A5 "^mode" "$OUT/budget$b.txt"; done
   ;;
 offline64)
   python3 bench/offline.py --device cuda --dtypes float32 --batches 64 --frames 125 --repeat 2 --no-autotune 2>&1 | tee "$OUT/offline_fp32_b64.txt"

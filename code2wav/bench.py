@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from code2wav.engine.async_engine import AsyncEngine, EngineStats
+from code2wav.engine.graphs import BATCH_FRAMES
 from code2wav.model.decoder import Decoder
 from code2wav.stream.engine import StreamEngine
 
@@ -182,7 +183,7 @@ def run(
     schedule: list[int] | None = None,
     prefixes: tuple[int, ...] = (0,),
     stagger_s: float = 0.002,
-    max_batch_frames: int = 256,
+    max_batch_frames: int = BATCH_FRAMES,
     progress: bool = True,
     seconds: float = 0.0,
     group_by_size: bool = True,
@@ -311,7 +312,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--group-by-size", action=argparse.BooleanOptionalAction, default=True,
                    help="one size class of chunk per batched forward, 1-frame first chunks apart from 25-frame ones (the default; "
                         "--no-group-by-size: any sizes share a forward, padded to the widest)")
-    p.add_argument("--max-batch-frames", type=int, default=256, help="padded frames per graph; sets the graph pool size (bf16 H200: 128 -> 0.5 GiB, 256 -> 1.0 GiB, 512 -> 1.6 GiB)")
+    p.add_argument("--max-batch-frames", type=int, default=BATCH_FRAMES,
+                   help=f"padded frames per batched forward (default {BATCH_FRAMES}); sets the graph pool size (bf16 H200 with "
+                        "the expandable segments code2wav sets by default: 480 -> 762 MiB)")
     p.add_argument("--out", default="bench-out", help="directory for results.json and plot.png")
     p.add_argument("--server", default=None, help="measure a running code2wav serve at this URL instead (TTFP at the client)")
     p.add_argument("--api-key", default=None, help="bearer token for --server")

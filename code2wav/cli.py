@@ -332,9 +332,11 @@ def _run_serve(args: argparse.Namespace) -> int:
     device = parse_device(args.device)
     model = load_decoder(args.model, device=device, dtype=getattr(torch, args.dtype))
     use_graphs = device.type == "cuda" and not args.no_graphs
-    core = StreamEngine(model, max_streams=args.max_streams, max_step_frames=32 if use_graphs else 64, max_batch_frames=256 if use_graphs else 1024)
+    from code2wav.engine.graphs import BATCH_FRAMES, GraphRunner
+
+    core = StreamEngine(model, max_streams=args.max_streams, max_step_frames=32 if use_graphs else 64,
+                        max_batch_frames=BATCH_FRAMES if use_graphs else 1024)
     if use_graphs:
-        from code2wav.engine.graphs import GraphRunner
 
         runner = GraphRunner(model, core.pool, max_batch_frames=core.max_batch_frames)
         runner.capture(core.prefill_shapes())

@@ -434,11 +434,13 @@ def test_first_chunks_go_ahead_of_streams_already_playing(m, codes):
     assert (got["d"] - ref[:SPF]).abs().max() <= 1e-9
 
 
-def test_group_by_size_keeps_one_size_class_per_group(m, codes):
-    """``group_by_size``: a group holds rows of one size class (1-frame first chunks are not
-    padded to 25 next to steady chunks); rows passed over keep their places and their streams'
-    order, and every output stays exact."""
-    core = StreamEngine(m, max_streams=4, max_step_frames=32, max_batch_frames=64, group_by_size=True)
+@pytest.mark.parametrize("group_by_size", [True, False])
+def test_group_by_size_keeps_one_size_class_per_group(m, codes, group_by_size):
+    """By default (``group_by_size``) a group holds rows of one size class: 1-frame first chunks
+    are not padded to 20 next to steady chunks. Rows passed over keep their places and their
+    streams' order, and every output stays exact. Without it, sizes share a padded group."""
+    core = StreamEngine(m, max_streams=4, max_step_frames=32, max_batch_frames=64,
+                        **({} if group_by_size else {"group_by_size": False}))
     shapes = []
     inner = core.runner
     core.runner = lambda c, slots, n_new: (shapes.append((slots.tolist(), c.shape[-1])), inner(c, slots, n_new))[1]
@@ -452,7 +454,10 @@ def test_group_by_size_keeps_one_size_class_per_group(m, codes):
     got: dict[str, list] = {r: [] for r in "abcd"}
     core.step({"a": codes[1:21], "c": codes[:1], "b": codes[1:21], "d": codes[:1]},
               on_ready=lambda rid, x: got[rid].append(x), more=lambda: arrivals.pop() if arrivals else {})
-    assert shapes == [([2, 3], 1), ([0, 1], 20), ([0], 1)]  # first chunks, steady, then a's next
+    if group_by_size:
+        assert shapes == [([2, 3], 1), ([0, 1], 20), ([0], 1)]  # first chunks, steady, then a's next
+    else:  # 1-frame chunks padded to 20 next to 20-frame rows (3 rows of 20 fill the budget of 64)
+        assert shapes == [([2, 3, 0], 20), ([1, 0], 20)]
     ref = forward_audio(m, codes[:22])
     assert (torch.cat([*got["a"]]) - ref[SPF:]).abs().max() <= 1e-9
     assert (got["b"][0] - ref[SPF : 21 * SPF]).abs().max() <= 1e-9

@@ -20,6 +20,9 @@ from code2wav.stream.pool import StatePool
 
 DEFAULT_FRAMES = (1, 2, 4, 8, 16, 25, 32)
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# Padded frames per batched forward (rows x frames). H200, bf16, expandable segments: 480 gives
+# 19 x 25-frame rows per forward and a 762 MiB graph pool; 256 gave 3,287x at c=256, 480 3,543x.
+BATCH_FRAMES = 480
 
 
 def plan_buckets(batch_sizes: tuple[int, ...], frame_sizes: tuple[int, ...], max_batch_frames: int, max_streams: int) -> list[tuple[int, int]]:
@@ -61,7 +64,7 @@ class GraphRunner:
         pool: StatePool,
         batch_sizes: tuple[int, ...] = DEFAULT_BATCHES,
         frame_sizes: tuple[int, ...] = DEFAULT_FRAMES,
-        max_batch_frames: int = 256,  # bf16 H200 graph pool: 128 -> 506 MiB, 256 -> 1004 MiB, 512 -> 1604 MiB
+        max_batch_frames: int = BATCH_FRAMES,
     ):
         self.model, self.pool = model, pool
         self.device = next(model.parameters()).device
