@@ -1,8 +1,8 @@
 """The tail of a residual unit as one Triton GEMM on CUDA: ``x + b2 + W2 @ snake(h + b1)``.
 
 A residual unit is snake -> dilated conv k=7 -> snake -> 1x1 conv -> + x. Done as separate ops,
-everything after the k=7 conv is three memory passes over the activation (SnakeBeta, cuDNN's
-1x1 conv, the residual add) plus the 1x1 conv's own output rounding. At 96-192 channels the 1x1
+everything after the k=7 conv is three kernels (SnakeBeta, cuDNN's 1x1 conv, the residual add):
+seven reads and writes of the activation, and the 1x1 conv's output rounded once more. At 96-192 channels the 1x1
 conv is memory-bound, so here it is one tiled GEMM over the rows of the channels-last ``[B*L, C]``
 matrix: SnakeBeta (with the k=7 conv's bias) is applied to each A tile as it is loaded, and the
 bias and residual are added to the fp32 accumulator before the one rounding to the output dtype.
@@ -18,7 +18,7 @@ from code2wav.kernels.snake import fast_sin, is_channels_last, triton
 
 # Tiles from bench/unit_tail.py's sweep on an H200 (bf16, 16 x 25 frames): 4 warps, 4 stages;
 # rows per program so the fp32 accumulator stays at 16k elements (128 rows x 128 channels for 96
-# channels, 64 x 256 for 192: 128 x 256 spilled registers and took 7x as long).
+# channels, 64 x 256 for 192; 128 x 256 took 7x as long, likely spilling registers).
 ACC_ELEMENTS = 128 * 128
 NUM_WARPS, NUM_STAGES = 4, 4
 MIN_K = 16  # the GEMM's input-channel slice: 32, or 16 for channel counts it does not divide
