@@ -21,6 +21,7 @@
 #   bash bench/gpu.sh session5 quick checks; the fused residual-unit tail per block (time, tile
 #                              sweep, bf16 SNR); step profile with and without it; sustained load
 #   bash bench/gpu.sh budget   sustained load at budgets 512 and 640 (graph pool vs 1 GiB)  [~400 s]
+#   bash bench/gpu.sh split    sustained load with and without --split-lone-group (c=4..256)  [~350 s]
 #   bash bench/gpu.sh offline64  fp32 batch-64 offline, ours vs official, cuDNN heuristics [~60 s]
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -120,6 +121,12 @@ budget)  # left unmeasured in session 5: do bigger forwards still fit the 1 GiB 
     timeout 190 python3 -m code2wav.bench --modes exact-graph --levels 64,256 --prefix 0,72 --seconds 3 --max-batch-frames $b --out /tmp/b$b 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/budget$b.txt"
   done
   echo "=== summary ==="; for b in 512 640; do grep -A5 "^mode" "$OUT/budget$b.txt"; done
+  ;;
+split)  # A/B of StreamEngine(split_lone_group=True): at budget 480, c=16 ran 12 % below budget 256 (one group, GPU idle between)
+  for g in "" "--split-lone-group"; do
+    timeout 170 python3 -m code2wav.bench --modes exact-graph --levels 4,16,64,256 --seconds 3 $g --out /tmp/s 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee -a "$OUT/split_ab.txt"
+  done
+  echo "=== summary ==="; grep -A6 "^mode" "$OUT/split_ab.txt"
   ;;
 offline64)
   python3 bench/offline.py --device cuda --dtypes float32 --batches 64 --frames 125 --repeat 2 --no-autotune 2>&1 | tee "$OUT/offline_fp32_b64.txt"

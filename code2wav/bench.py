@@ -70,10 +70,11 @@ def schedule_sizes(schedule: list[int], total: int) -> list[int]:
     return sizes
 
 
-def build_engine(model: Decoder, mode: str, max_streams: int, max_batch_frames: int, group_by_size: bool = True) -> StreamEngine:
+def build_engine(model: Decoder, mode: str, max_streams: int, max_batch_frames: int, group_by_size: bool = True,
+                 split_lone_group: bool = False) -> StreamEngine:
     core_mode = mode.split("-")[0]
     core = StreamEngine(model, max_streams=max_streams, mode=core_mode, max_step_frames=32, max_batch_frames=max_batch_frames,  # type: ignore[arg-type]
-                        group_by_size=group_by_size)
+                        group_by_size=group_by_size, split_lone_group=split_lone_group)
     if mode == "exact-graph":
         from code2wav.engine.graphs import GraphRunner
 
@@ -187,6 +188,7 @@ def run(
     progress: bool = True,
     seconds: float = 0.0,
     group_by_size: bool = True,
+    split_lone_group: bool = False,
     pace: float = 0.0,
 ) -> list[Result]:
     schedule = schedule or [1, 25]
@@ -206,7 +208,7 @@ def run(
             # Autotuning pays only where shapes repeat (graph buckets); eager modes see a new
             # shape at almost every step and would pay the tuning inside their timings.
             torch.backends.cudnn.benchmark = mode == "exact-graph"
-        core = build_engine(model, mode, max(levels), max_batch_frames, group_by_size)
+        core = build_engine(model, mode, max(levels), max_batch_frames, group_by_size, split_lone_group)
         graph_mb = core.runner.memory_bytes() / 2**20 if mode == "exact-graph" else 0.0  # type: ignore[union-attr]
         for prefix_frames in prefixes:  # one engine (one capture) per mode, every prefix
             # One untimed warm-up run per engine and prefix (allocator, cudnn autotune, lazy init).
@@ -312,6 +314,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--group-by-size", action=argparse.BooleanOptionalAction, default=True,
                    help="one size class of chunk per batched forward, 1-frame first chunks apart from 25-frame ones (the default; "
                         "--no-group-by-size: any sizes share a forward, padded to the widest)")
+    p.add_argument("--split-lone-group", action="store_true",
+                   help="with nothing on the GPU, run a group that takes every ready row as two halves, so the second "
+                        "runs while the first's audio is delivered (StreamEngine(split_lone_group=True); off by default)")
     p.add_argument("--max-batch-frames", type=int, default=BATCH_FRAMES,
                    help=f"padded frames per batched forward (default {BATCH_FRAMES}); sets the graph pool size (bf16 H200 with "
                         "the expandable segments code2wav sets by default: 480 -> 762 MiB)")
@@ -356,12 +361,12 @@ def main(args: argparse.Namespace) -> int:
     results: list[Result] = []
     prefixes = tuple(int(x) for x in args.prefix.split(","))
     results += run(model, modes, levels, args.frames, chunks, prefixes, args.stagger_ms / 1e3, args.max_batch_frames, seconds=args.seconds,
-                   group_by_size=args.group_by_size, pace=args.pace)
+                   group_by_size=args.group_by_size, split_lone_group=args.split_lone_group, pace=args.pace)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu", "dtype": args.dtype, "torch": torch.__version__,
             "channels_last": args.channels_last, "max_batch_frames": args.max_batch_frames, "sustained_s": args.seconds,
-            "group_by_size": args.group_by_size, "pace": args.pace}
+            "group_by_size": args.group_by_size, "split_lone_group": args.split_lone_group, "pace": args.pace}
     (out / "results.json").write_text(json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=2))
     plot(results, out / "plot.png")
     print(table(results))

@@ -464,6 +464,28 @@ def test_group_by_size_keeps_one_size_class_per_group(m, codes, group_by_size):
     assert all((got[r][0] - ref[:SPF]).abs().max() <= 1e-9 for r in "cd")
 
 
+def test_split_lone_group_runs_every_ready_row_as_two_halves(m, codes):
+    """``split_lone_group``: with nothing in flight, a group that took every ready row (the
+    budget did not cut it) runs as two halves, the second half whole (not halved again); a group
+    the budget cut is not split. Each stream's chunks stay in order and exact."""
+    core = StreamEngine(m, max_streams=6, max_step_frames=8, max_batch_frames=48, split_lone_group=True)
+    shapes = []
+    inner = core.runner
+    core.runner = lambda c, slots, n_new: (shapes.append((slots.tolist(), c.shape[-1])), inner(c, slots, n_new))[1]
+    rids = "abcdef"
+    for rid in rids:
+        core.open(rid)
+    got: dict[str, list] = {r: [] for r in rids}
+    core.step({rid: codes[:3] for rid in rids}, on_ready=lambda rid, x: got[rid].append(x))
+    assert shapes == [([0, 1, 2], 3), ([3, 4, 5], 3)]  # 6 x 3 frames, under the budget of 48: halves
+    shapes.clear()
+    core.step({rid: codes[3:11] for rid in rids}, on_ready=lambda rid, x: got[rid].append(x))
+    assert shapes == [([0, 1, 2, 3, 4, 5], 8)]  # 6 x 8 = 48 fills the budget: one group
+    ref = forward_audio(m, codes[:11])
+    for rid in rids:
+        assert (torch.cat(got[rid]) - ref).abs().max() <= 1e-9
+
+
 def _hold_runner(core, when):
     """Make the engine's runner stop at its first group whose slots satisfy ``when`` until the
     test sets ``hold``; ``held`` is set once it has stopped there."""

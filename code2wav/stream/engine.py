@@ -86,6 +86,7 @@ class StreamEngine:
         idle_timeout: float | None = None,
         max_prefix_frames: int = 4096,
         group_by_size: bool = True,
+        split_lone_group: bool = False,
     ):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -99,6 +100,10 @@ class StreamEngine:
         # Groups of one size class each: a 1-frame first chunk is not padded to a 25-frame row's
         # length. Measured on the H200: +9 % throughput and half the first-packet time at c=256.
         self.group_by_size = group_by_size
+        # With nothing on the GPU, a group that takes every ready row leaves the GPU idle while
+        # its audio is delivered and its streams push again; as two halves, the second runs
+        # meanwhile. Off by default until measured (bench --split-lone-group is the A/B).
+        self.split_lone_group = split_lone_group
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.pool = StatePool(model, max_streams) if mode == "exact" else None
@@ -313,6 +318,7 @@ class StreamEngine:
 
         enqueue(rows)
         landed: deque[tuple[Any, Any, list[_Row], int]] = deque()  # (copy done, start, rows it completes, rows in it)
+        halved = False  # the last group was the first half of a split one: the second half runs whole
 
         def land() -> None:
             end, start, complete, n = landed.popleft()
@@ -334,6 +340,13 @@ class StreamEngine:
             if not queue and not landed:
                 break
             group = self._next_group(queue, piece, deliver)
+            split = (self.split_lone_group and not landed and not halved and len(group) > 1
+                     and len(group) < self._max_rows(max(r.next_piece(piece) for r in group)))
+            if split:  # the group took every ready row it could (the budget did not cut it)
+                h = (len(group) + 1) // 2
+                queue.extendleft(reversed(group[h:]))  # at the front: each stream's order holds
+                group = group[:h]
+            halved = split
             if group:
                 n = [r.next_piece(piece) for r in group]
                 # [B, max n, Q] zero-padded in one call, then laid out [B, Q, T] (pinned on CUDA)
