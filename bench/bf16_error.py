@@ -71,6 +71,17 @@ def main() -> int:
                 print(f"weights and GEMM inputs {str(half)[6:]}, float32 elsewhere: {snr_db(ref, m(codes)[0, 0]):.1f} dB", flush=True)
             with _HalfOperands(half, outputs=True):  # GEMMs also write the half dtype (cuDNN, cuBLAS as called today)
                 print(f"GEMM inputs and outputs {str(half)[6:]}, float32 elsewhere: {snr_db(ref, m(codes)[0, 0]):.1f} dB", flush=True)
+        # Which weights: per-channel vectors could stay float32 at no cost (the kernels read them
+        # in float32 anyway); the matrices are what tensor cores read.
+        groups = (("per-channel vectors (biases, SnakeBeta, norms, gamma)", lambda n, t: t.dim() == 1),
+                  ("SnakeBeta alpha, beta", lambda n, t: n.endswith(("alpha", "beta"))),
+                  ("matrices (conv, linear, codebook table)", lambda n, t: t.dim() >= 2))
+        for name, pick in groups:
+            m = load(torch.float32)
+            for n, t in (*m.named_parameters(), *m.named_buffers()):
+                if t.is_floating_point() and pick(n, t):
+                    t.copy_(t.to(torch.bfloat16).to(torch.float32))
+            print(f"only {name} bfloat16, float32 arithmetic: {snr_db(ref, m(codes)[0, 0]):.1f} dB", flush=True)
     return 0
 
 
