@@ -480,10 +480,22 @@ def test_split_lone_group_runs_every_ready_row_as_two_halves(m, codes):
     assert shapes == [([0, 1, 2], 3), ([3, 4, 5], 3)]  # 6 x 3 frames, under the budget of 48: halves
     shapes.clear()
     core.step({rid: codes[3:11] for rid in rids}, on_ready=lambda rid, x: got[rid].append(x))
-    assert shapes == [([0, 1, 2, 3, 4, 5], 8)]  # 6 x 8 = 48 fills the budget: one group
+    assert shapes == [([0, 1, 2], 8), ([3, 4, 5], 8)]  # 6 x 8 = 48 fits, and it is every ready row
     ref = forward_audio(m, codes[:11])
     for rid in rids:
         assert (torch.cat(got[rid]) - ref).abs().max() <= 1e-9
+
+    # Mixed sizes (group_by_size off): 7 rows of 2 frames would fit 24 to a group, but an 8-frame
+    # row next in line would make it 8 x 8 > 48, so the budget cut the group: it is not split.
+    core = StreamEngine(m, max_streams=8, max_step_frames=8, max_batch_frames=48, group_by_size=False, split_lone_group=True)
+    shapes.clear()
+    inner = core.runner
+    core.runner = lambda c, slots, n_new: (shapes.append((slots.tolist(), c.shape[-1])), inner(c, slots, n_new))[1]
+    for i in range(8):
+        core.open(str(i))
+    out = core.step({str(i): codes[: 8 if i == 7 else 2] for i in range(8)})
+    assert shapes == [(list(range(7)), 2), ([7], 8)]
+    assert all((out[str(i)] - ref[: (8 if i == 7 else 2) * SPF]).abs().max() <= 1e-9 for i in range(8))
 
 
 def _hold_runner(core, when):

@@ -339,9 +339,8 @@ class StreamEngine:
                 enqueue(more())
             if not queue and not landed:
                 break
-            group = self._next_group(queue, piece, deliver)
-            split = (self.split_lone_group and not landed and not halved and len(group) > 1
-                     and len(group) < self._max_rows(max(r.next_piece(piece) for r in group)))
+            group, full = self._next_group(queue, piece, deliver)
+            split = self.split_lone_group and not landed and not halved and len(group) > 1 and not full
             if split:  # the group took every ready row it could (the budget did not cut it)
                 h = (len(group) + 1) // 2
                 queue.extendleft(reversed(group[h:]))  # at the front: each stream's order holds
@@ -378,8 +377,9 @@ class StreamEngine:
             if landed and (not pin or len(landed) > 1 or not group):
                 land()
 
-    def _next_group(self, queue: "deque[_Row]", piece: int, deliver: Callable[["_Stream", str, "Tensor | Exception"], None]) -> "list[_Row]":
-        """The next group from the queue's head: as many rows as the runner (or the frame
+    def _next_group(self, queue: "deque[_Row]", piece: int, deliver: Callable[["_Stream", str, "Tensor | Exception"], None]) -> "tuple[list[_Row], bool]":
+        """The next group from the queue's head, and whether the budget cut it (a row that could
+        have joined was left for lack of room): as many rows as the runner (or the frame
         budget) holds at their largest piece, one row per stream, streams ended meanwhile
         dropped. With ``group_by_size`` only rows whose piece is in the head's size class (the
         same power of two) join; the others keep their places (and block their streams' later
@@ -387,7 +387,7 @@ class StreamEngine:
         group: list[_Row] = []
         slots: set[int] = set()
         passed: list[_Row] = []  # left in the queue, in order
-        size_class, widest = None, 0
+        size_class, widest, full = None, 0, False
         while queue:
             r = queue.popleft()
             if self._streams.get(r.stream.request_id) is not r.stream:  # aborted: its slot may be someone else's now
@@ -404,12 +404,13 @@ class StreamEngine:
                 continue
             if group and len(group) + 1 > self._max_rows(max(widest, n)):
                 queue.appendleft(r)
+                full = True
                 break
             group.append(r)
             slots.add(r.stream.slot)
             size_class, widest = _bucket(n), max(widest, n)
         queue.extendleft(reversed(passed))
-        return group
+        return group, full
 
     def _eager_max_rows(self, frames: int) -> int:
         return max(1, self.max_batch_frames // frames)
