@@ -22,6 +22,8 @@
 #                              sweep, bf16 SNR); step profile with and without it; sustained load
 #   bash bench/gpu.sh budget   sustained load at budgets 512 and 640 (graph pool vs 1 GiB)  [~400 s]
 #   bash bench/gpu.sh split    sustained load with and without --split-lone-group (c=4..256)  [~350 s]
+#   bash bench/gpu.sh convs    the dilated k=7 convs as today and folded to undilated (7, 1) convs,
+#                              cuDNN's default and full algorithm search (no graphs)        [~120 s?]
 #   bash bench/gpu.sh offline64  fp32 batch-64 offline, ours vs official, cuDNN heuristics [~60 s]
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -127,6 +129,9 @@ split)  # A/B of StreamEngine(split_lone_group=True): at budget 480, c=16 ran 12
     timeout 170 python3 -m code2wav.bench --modes exact-graph --levels 4,16,64,256 --seconds 3 $g --out /tmp/s 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee -a "$OUT/split_ab.txt"
   done
   echo "=== summary ==="; grep -A6 "^mode" "$OUT/split_ab.txt"
+  ;;
+convs)  # is an undilated form of the dilated convs, or cuDNN's full search, faster? (bench/conv_forms.py)
+  timeout 250 python3 bench/conv_forms.py 16x25 2>&1 | tee "$OUT/conv_forms.txt"
   ;;
 offline64)
   python3 bench/offline.py --device cuda --dtypes float32 --batches 64 --frames 125 --repeat 2 --no-autotune 2>&1 | tee "$OUT/offline_fp32_b64.txt"
