@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from code2wav.engine.async_engine import AsyncEngine, EngineStats
-from code2wav.engine.graphs import BATCH_FRAMES
+from code2wav.engine.graphs import default_batch_frames, use_expandable_segments
 from code2wav.model.decoder import Decoder
 from code2wav.stream.engine import StreamEngine
 
@@ -184,7 +184,7 @@ def run(
     schedule: list[int] | None = None,
     prefixes: tuple[int, ...] = (0,),
     stagger_s: float = 0.002,
-    max_batch_frames: int = BATCH_FRAMES,
+    max_batch_frames: int | None = None,
     progress: bool = True,
     seconds: float = 0.0,
     group_by_size: bool = True,
@@ -192,6 +192,7 @@ def run(
     pace: float = 0.0,
 ) -> list[Result]:
     schedule = schedule or [1, 25]
+    max_batch_frames = max_batch_frames or default_batch_frames()
     cuda = next(model.parameters()).is_cuda
     weights_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
     results: list[Result] = []
@@ -317,9 +318,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split-lone-group", action="store_true",
                    help="with nothing on the GPU, run a group that takes every ready row as two halves, so the second "
                         "runs while the first's audio is delivered (StreamEngine(split_lone_group=True); off by default)")
-    p.add_argument("--max-batch-frames", type=int, default=BATCH_FRAMES,
-                   help=f"padded frames per batched forward (default {BATCH_FRAMES}); sets the graph pool size (bf16 H200 with "
-                        "the expandable segments code2wav sets by default: 480 -> 762 MiB)")
+    p.add_argument("--max-batch-frames", type=int, default=None,
+                   help="padded frames per batched forward; sets the graph pool size (default: 480 with the allocator's "
+                        "expandable segments, which code2wav turns on unless PYTORCH_CUDA_ALLOC_CONF is set, else 256; "
+                        "bf16 H200: 762 / 1014 MiB)")
     p.add_argument("--out", default="bench-out", help="directory for results.json and plot.png")
     p.add_argument("--server", default=None, help="measure a running code2wav serve at this URL instead (TTFP at the client)")
     p.add_argument("--api-key", default=None, help="bearer token for --server")
@@ -346,6 +348,9 @@ def main_service(args: argparse.Namespace) -> int:
 
 def main(args: argparse.Namespace) -> int:
     from code2wav.model.loading import load_decoder
+
+    use_expandable_segments()  # before the model touches CUDA
+    args.max_batch_frames = args.max_batch_frames or default_batch_frames()
 
     if args.server:
         return main_service(args)

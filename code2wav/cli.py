@@ -332,10 +332,10 @@ def _run_serve(args: argparse.Namespace) -> int:
     device = parse_device(args.device)
     model = load_decoder(args.model, device=device, dtype=getattr(torch, args.dtype))
     use_graphs = device.type == "cuda" and not args.no_graphs
-    from code2wav.engine.graphs import BATCH_FRAMES, GraphRunner
+    from code2wav.engine.graphs import GraphRunner, default_batch_frames
 
     core = StreamEngine(model, max_streams=args.max_streams, max_step_frames=32 if use_graphs else 64,
-                        max_batch_frames=BATCH_FRAMES if use_graphs else 1024)
+                        max_batch_frames=default_batch_frames() if use_graphs else 1024)
     if use_graphs:
 
         runner = GraphRunner(model, core.pool, max_batch_frames=core.max_batch_frames)
@@ -395,6 +395,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from code2wav.model.loading import CheckpointError
     from code2wav.stream.engine import StreamError
 
+    from code2wav.engine.graphs import use_expandable_segments
+
+    use_expandable_segments()  # before anything touches CUDA
     try:
         args = build_parser().parse_args(argv)
         return int(args.func(args))

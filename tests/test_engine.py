@@ -498,6 +498,21 @@ def test_split_lone_group_runs_every_ready_row_as_two_halves(m, codes):
     assert all((out[str(i)] - ref[: (8 if i == 7 else 2) * SPF]).abs().max() <= 1e-9 for i in range(8))
 
 
+def test_graph_budget_follows_the_allocator_setting(monkeypatch):
+    """The default padded frames per forward keep the graph pool under 1 GiB: 480 with the
+    allocator's expandable segments (which the CLI turns on unless the user set the variable),
+    256 with fixed-size segments, where the shapes fragment the pool to about twice the size."""
+    from code2wav.engine import graphs
+
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    assert graphs.default_batch_frames() == 256
+    graphs.use_expandable_segments()
+    assert graphs.default_batch_frames() == 480
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")
+    graphs.use_expandable_segments()  # the user's setting wins
+    assert graphs.default_batch_frames() == 256
+
+
 def _hold_runner(core, when):
     """Make the engine's runner stop at its first group whose slots satisfy ``when`` until the
     test sets ``hold``; ``held`` is set once it has stopped there."""

@@ -9,6 +9,7 @@ eagerly, and the reason is counted.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from dataclasses import dataclass
 
@@ -20,9 +21,24 @@ from code2wav.stream.pool import StatePool
 
 DEFAULT_FRAMES = (1, 2, 4, 8, 16, 25, 32)
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-# Padded frames per batched forward (rows x frames). H200, bf16, expandable segments: 480 gives
-# 19 x 25-frame rows per forward and a 762 MiB graph pool; 256 gave 3,287x at c=256, 480 3,543x.
-BATCH_FRAMES = 480
+EXPANDABLE_SEGMENTS = "expandable_segments:True"
+
+
+def use_expandable_segments() -> None:
+    """Turn on the CUDA allocator's expandable segments for this process, unless
+    ``PYTORCH_CUDA_ALLOC_CONF`` is already set. Graphs of every step shape share one memory
+    pool; with fixed-size segments the shapes fragment it to about twice the largest step's
+    activations. Read when torch first touches CUDA: the CLI calls this first thing; a library
+    user sets the variable before CUDA starts (or gets the smaller default budget)."""
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", EXPANDABLE_SEGMENTS)
+
+
+def default_batch_frames() -> int:
+    """Padded frames per batched forward (rows x frames) that keep the graph pool under 1 GiB.
+    H200, bf16: with expandable segments 480 (19 x 25-frame rows; pool 762 MiB; c=256 3,543x),
+    without them 256 (pool 1014 MiB; 3,287x)."""
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower()
+    return 480 if "expandable_segments:true" in conf else 256
 
 
 def plan_buckets(batch_sizes: tuple[int, ...], frame_sizes: tuple[int, ...], max_batch_frames: int, max_streams: int) -> list[tuple[int, int]]:
@@ -64,13 +80,13 @@ class GraphRunner:
         pool: StatePool,
         batch_sizes: tuple[int, ...] = DEFAULT_BATCHES,
         frame_sizes: tuple[int, ...] = DEFAULT_FRAMES,
-        max_batch_frames: int = BATCH_FRAMES,
+        max_batch_frames: int | None = None,  # default_batch_frames()
     ):
         self.model, self.pool = model, pool
         self.device = next(model.parameters()).device
         if self.device.type != "cuda":
             raise ValueError("CUDA graphs need the model on a CUDA device")
-        self.buckets = plan_buckets(batch_sizes, frame_sizes, max_batch_frames, pool.max_streams)
+        self.buckets = plan_buckets(batch_sizes, frame_sizes, max_batch_frames or default_batch_frames(), pool.max_streams)
         self.graphs: dict[tuple[int, int], _Graph] = {}
         self.prefill_graphs: dict[tuple[str, int, int], _Graph] = {}
         self.mempool = torch.cuda.graph_pool_handle()
