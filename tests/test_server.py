@@ -471,3 +471,52 @@ def test_bench_through_the_service(server, tmp_path):
     for r in rows:
         assert r["streams_served"] == r["concurrency"] and r["errors"] == {}
         assert r["audio_s"] == pytest.approx(r["concurrency"] * 11 * SPF / SR)
+
+
+def test_metrics_show_the_graph_runner(ckpt):
+    """With a graph runner (CUDA), ``/metrics`` adds its replays, fallbacks by reason, padded
+    work and pool size; the counters follow what the runner did. (In-process, with a stand-in
+    for the runner's bookkeeping: graphs need CUDA.)"""
+    from code2wav.engine.async_engine import AsyncEngine
+    from code2wav.server.app import _Metrics
+
+    model = load_decoder(ckpt, device="cpu", dtype=torch.float32)
+    core = StreamEngine(model, max_streams=2, max_step_frames=8, max_batch_frames=16)
+
+    class Graphs:  # the GraphRunner interface the service reads
+        def __init__(self, run):
+            self.run, self.hits, self.padded = run, 0, 0
+
+        def __call__(self, codes, slots, n_new):
+            self.hits += 1
+            self.padded += 2 * 8  # as if padded up to a (2 rows, 8 frames) bucket
+            return self.run(codes, slots, n_new)
+
+        def stats(self):
+            return {"hits": self.hits, "fallbacks": {"no bucket": 3}, "padded_frames": self.padded, "pool_bytes": 1234}
+
+    core.runner = Graphs(core.runner)
+
+    async def go() -> str:
+        async with AsyncEngine(core) as eng:
+            await eng.open("a")
+            await eng.push("a", torch.from_numpy(codes_of(5)))
+            await eng.finish("a")
+            return _Metrics(eng).render().decode()
+
+    text = asyncio.run(go())
+    assert metric(text, "code2wav_graph_replays_total") == 1
+    assert metric(text, "code2wav_graph_padded_frames_total") == 16
+    assert metric(text, "code2wav_decoded_frames_total") == 5  # 5 of the 16 padded frames were real
+    assert 'code2wav_graph_fallbacks_total{reason="no bucket"} 3.0' in text
+    assert metric(text, "code2wav_graph_pool_bytes") == 1234
+    eager = StreamEngine(model, max_streams=1)
+    assert "code2wav_graph" not in asyncio.run(_render(eager))  # the eager runner: no graph metrics
+
+
+async def _render(core) -> str:
+    from code2wav.engine.async_engine import AsyncEngine
+    from code2wav.server.app import _Metrics
+
+    async with AsyncEngine(core) as eng:
+        return _Metrics(eng).render().decode()

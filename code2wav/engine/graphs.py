@@ -92,6 +92,8 @@ class GraphRunner:
         self.mempool = torch.cuda.graph_pool_handle()
         self.hits = 0
         self.fallbacks: Counter[str] = Counter()
+        self.padded_frames = 0  # rows x frames of the step graphs replayed, padding included
+        self.pool_bytes = 0  # the graph pool after capture (memory_bytes() walks a snapshot: not per scrape)
 
     @torch.no_grad()
     def capture(self, prefill_shapes: list[tuple[str, int, int]] = ()) -> None:
@@ -111,6 +113,7 @@ class GraphRunner:
             self.prefill_graphs[(kind, b, t)] = self._capture(stream, getattr(self.pool, kind), x)
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
+        self.pool_bytes = self.memory_bytes()
 
     def _capture(self, stream: torch.cuda.Stream, fn, x: Tensor) -> _Graph:
         """A graph of ``fn(model, x, slots, n_new)`` on scratch rows with no new frames (so the
@@ -148,6 +151,7 @@ class GraphRunner:
         n_in[:B].copy_(n_new, non_blocking=True)
         g.graph.replay()
         self.hits += 1
+        self.padded_frames += shape[0] * shape[1]
         return g.out[:B, : T * self.model.config.samples_per_frame]
 
     def prefill(self, kind: str, x: Tensor, slots: Tensor, n_new: Tensor) -> Tensor | None:
@@ -174,7 +178,8 @@ class GraphRunner:
         return max(rows) if rows else None
 
     def stats(self) -> dict[str, object]:
-        return {"graphs": len(self.graphs), "prefill_graphs": len(self.prefill_graphs), "hits": self.hits, "fallbacks": dict(self.fallbacks)}
+        return {"graphs": len(self.graphs), "prefill_graphs": len(self.prefill_graphs), "hits": self.hits,
+                "fallbacks": dict(self.fallbacks), "padded_frames": self.padded_frames, "pool_bytes": self.pool_bytes}
 
     def memory_bytes(self) -> int:
         """Bytes the shared graph memory pool holds (reserved by the caching allocator)."""

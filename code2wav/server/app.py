@@ -166,6 +166,17 @@ class _Metrics:
         for code, n in sorted(stats.errors.items()):
             c.add_metric([str(code)], n)
         yield c
+        graphs = getattr(core.runner, "stats", None)  # a GraphRunner (CUDA); the eager runner has none
+        if callable(graphs):
+            g = graphs()
+            yield CounterMetricFamily("code2wav_graph_replays", "Batched forwards and prefill passes replayed from CUDA graphs", value=g["hits"])
+            c = CounterMetricFamily("code2wav_graph_fallbacks", "Passes run eagerly for want of a captured graph, by reason", labels=["reason"])
+            for reason, n in sorted(g["fallbacks"].items()):
+                c.add_metric([str(reason)], n)
+            yield c
+            yield CounterMetricFamily("code2wav_graph_padded_frames", "Frames of work in replayed step graphs, padding included "
+                                      "(against code2wav_decoded_frames: the share spent on padding)", value=g["padded_frames"])
+            yield GaugeMetricFamily("code2wav_graph_pool_bytes", "Memory of the CUDA graphs' shared pool, after capture", value=g["pool_bytes"])
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
