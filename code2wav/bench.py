@@ -57,6 +57,7 @@ class Result:
     pace: float = 0.0  # >0: talkers at this x real time; stall figures are the listeners'
     stalled_pct: float = float("nan")  # streams whose playback the decoder stalled (> 1 ms in all)
     stall_p99_ms: float = float("nan")  # per stream, playback stall the decoder added
+    padding_pct: float = float("nan")  # graphs: share of the replayed work (rows x frames) that was padding
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -107,7 +108,15 @@ async def _workload(core: StreamEngine, concurrency: int, frames: int, schedule:
         start = t0 + (concurrency - 1) * stagger_s if seconds > 0 else t0
         end = start + seconds if seconds > 0 else float("inf")
         inside = lambda t: start <= t <= end  # noqa: E731
-        eng.on_step.append(lambda s, rows: m.steps.append(s) if inside(time.perf_counter()) else None)
+        runner = core.runner
+
+        def on_step(seconds_: float, rows: int) -> None:
+            if inside(time.perf_counter()):
+                m.steps.append(seconds_)
+                if hasattr(runner, "padded_frames"):  # a GraphRunner counts the work it replays
+                    m.work.append((runner.padded_frames, runner.frames))
+
+        eng.on_step.append(on_step)
 
         async def stream(rid: str) -> None:
             codes = rng.integers(0, size, (prefix + frames, q))
@@ -154,6 +163,14 @@ async def _workload(core: StreamEngine, concurrency: int, frames: int, schedule:
     return m
 
 
+def _padding_pct(work: "list[tuple[int, int]]") -> float:
+    """Padding's share of the replayed work between the window's first and last steps."""
+    if len(work) < 2 or work[-1][0] == work[0][0]:
+        return float("nan")
+    (p0, f0), (p1, f1) = work[0], work[-1]
+    return 100 * (1 - (f1 - f0) / (p1 - p0))
+
+
 def playback_stall(arrivals: "tuple[float, ...]", frames: "tuple[int, ...]", fps: float) -> float:
     """Seconds a listener waits after the first chunk, playing chunks in order from the first
     arrival on; a chunk that lands after its turn pauses playback until it does."""
@@ -173,6 +190,7 @@ class _Measured:
     chunk: list[float] = field(default_factory=list)
     steps: list[float] = field(default_factory=list)
     stalls: list[float] = field(default_factory=list)  # paced: seconds each stream's playback waited
+    work: list[tuple[int, int]] = field(default_factory=list)  # graphs: (padded, real) frames replayed so far, per step in the window
     stats: EngineStats | None = None
 
 
@@ -247,6 +265,7 @@ def run(
                         pace=pace,
                         stalled_pct=100 * float(np.mean(np.asarray(m.stalls) > 1e-3)) if m.stalls else float("nan"),
                         stall_p99_ms=_pct(m.stalls, 99),
+                        padding_pct=_padding_pct(m.work),
                     )
                 )
                 print(json.dumps(asdict(results[-1])), flush=True)  # kept even if a later level is cut off
@@ -258,12 +277,12 @@ def run(
 
 def table(results: list[Result]) -> str:
     head = (f"{'mode':<12}{'c':>5}{'pfx':>5}{'x RT':>9}{'step p50':>10}{'step p99':>10}{'TTFP p50':>10}{'TTFP p99':>10}{'chunk p99':>10}"
-            f"{'stalled%':>9}{'stall p99':>10}{'pool MB':>9}{'graph MB':>9}{'peak MB':>9}")
+            f"{'pad%':>6}{'stalled%':>9}{'stall p99':>10}{'pool MB':>9}{'graph MB':>9}{'peak MB':>9}")
     lines = [head, "-" * len(head)]
     for r in results:
         lines.append(
             f"{r.mode:<12}{r.concurrency:>5}{r.prefix_frames:>5}{r.throughput_x:>9.1f}{r.step_p50_ms:>10.2f}{r.step_p99_ms:>10.2f}"
-            f"{r.ttfp_p50_ms:>10.2f}{r.ttfp_p99_ms:>10.2f}{r.chunk_p99_ms:>10.2f}{r.stalled_pct:>9.1f}{r.stall_p99_ms:>10.2f}{r.mem_state_pool_mb:>9.0f}"
+            f"{r.ttfp_p50_ms:>10.2f}{r.ttfp_p99_ms:>10.2f}{r.chunk_p99_ms:>10.2f}{r.padding_pct:>6.1f}{r.stalled_pct:>9.1f}{r.stall_p99_ms:>10.2f}{r.mem_state_pool_mb:>9.0f}"
             f"{r.mem_graph_pool_mb:>9.0f}{r.mem_peak_mb:>9.0f}"
         )
     return "\n".join(lines)

@@ -612,6 +612,33 @@ def test_bench_sustained_load_measures_a_window(m):
     assert core.active == 0 and core.pool.in_use == 0  # every stream finished, every slot back
 
 
+def test_bench_reports_the_share_of_padded_work(m):
+    """With a runner that counts its replayed work (a GraphRunner), the bench reports which share
+    of it was padding, between the window's first and last forwards: here every forward is
+    padded to 8 frames a row."""
+    from code2wav.bench import Result, _padding_pct, _workload, table
+
+    core = StreamEngine(m, max_streams=2, max_step_frames=8, max_batch_frames=8)  # one row per forward
+
+    class Padded:
+        def __init__(self, run):
+            self.run, self.padded_frames, self.frames = run, 0, 0
+
+        def __call__(self, codes, slots, n_new):
+            self.padded_frames += codes.shape[0] * 8  # as if every forward replayed an (rows, 8) bucket
+            self.frames += int(n_new.sum())
+            return self.run(codes, slots, n_new)
+
+    core.runner = Padded(core.runner)
+    res = asyncio.run(_workload(core, 2, 6, [1, 5], 0, 0.0, seed=2))
+    # Forwards: both first chunks (2 rows x 1 frame), then each 5-frame chunk alone. Between the
+    # first forward and the last: 5 + 5 real frames of 8 + 8.
+    assert _padding_pct(res.work) == pytest.approx(100 * (1 - 10 / 16))
+    assert np.isnan(_padding_pct(res.work[:1]))  # one forward: nothing between first and last
+    fields = {f: 0 for f in Result.__dataclass_fields__} | {"mode": "exact-graph", "padding_pct": 54.2}
+    assert "54.2" in table([Result(**fields)])
+
+
 def test_bench_paced_talkers_count_the_stalls_the_decoder_adds(m):
     """``--pace``: each chunk is pushed when a talker at that speed has its frames, not when the
     last audio is back; per stream we keep the playback stall the decoder adds beyond the

@@ -485,15 +485,17 @@ def test_metrics_show_the_graph_runner(ckpt):
 
     class Graphs:  # the GraphRunner interface the service reads
         def __init__(self, run):
-            self.run, self.hits, self.padded = run, 0, 0
+            self.run, self.hits, self.padded, self.frames = run, 0, 0, 0
 
         def __call__(self, codes, slots, n_new):
             self.hits += 1
             self.padded += 2 * 8  # as if padded up to a (2 rows, 8 frames) bucket
+            self.frames += int(n_new.sum())
             return self.run(codes, slots, n_new)
 
         def stats(self):
-            return {"hits": self.hits, "fallbacks": {"no bucket": 3}, "padded_frames": self.padded, "pool_bytes": 1234}
+            return {"hits": self.hits, "fallbacks": {"no bucket": 3}, "frames": self.frames, "padded_frames": self.padded,
+                    "pool_bytes": 1234}
 
     core.runner = Graphs(core.runner)
 
@@ -507,7 +509,7 @@ def test_metrics_show_the_graph_runner(ckpt):
     text = asyncio.run(go())
     assert metric(text, "code2wav_graph_replays_total") == 1
     assert metric(text, "code2wav_graph_padded_frames_total") == 16
-    assert metric(text, "code2wav_decoded_frames_total") == 5  # 5 of the 16 padded frames were real
+    assert metric(text, "code2wav_graph_frames_total") == 5  # 5 of the 16 padded frames were real
     assert 'code2wav_graph_fallbacks_total{reason="no bucket"} 3.0' in text
     assert metric(text, "code2wav_graph_pool_bytes") == 1234
     eager = StreamEngine(model, max_streams=1)

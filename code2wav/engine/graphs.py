@@ -92,7 +92,8 @@ class GraphRunner:
         self.mempool = torch.cuda.graph_pool_handle()
         self.hits = 0
         self.fallbacks: Counter[str] = Counter()
-        self.padded_frames = 0  # rows x frames of the step graphs replayed, padding included
+        self.frames = 0  # real frames in the step graphs replayed
+        self.padded_frames = 0  # rows x frames of those graphs, padding included
         self.pool_bytes = 0  # the graph pool after capture (memory_bytes() walks a snapshot: not per scrape)
 
     @torch.no_grad()
@@ -151,6 +152,7 @@ class GraphRunner:
         n_in[:B].copy_(n_new, non_blocking=True)
         g.graph.replay()
         self.hits += 1
+        self.frames += int(n_new.sum())  # n_new is on the host: no sync
         self.padded_frames += shape[0] * shape[1]
         return g.out[:B, : T * self.model.config.samples_per_frame]
 
@@ -179,7 +181,8 @@ class GraphRunner:
 
     def stats(self) -> dict[str, object]:
         return {"graphs": len(self.graphs), "prefill_graphs": len(self.prefill_graphs), "hits": self.hits,
-                "fallbacks": dict(self.fallbacks), "padded_frames": self.padded_frames, "pool_bytes": self.pool_bytes}
+                "fallbacks": dict(self.fallbacks), "frames": self.frames, "padded_frames": self.padded_frames,
+                "pool_bytes": self.pool_bytes}
 
     def memory_bytes(self) -> int:
         """Bytes the shared graph memory pool holds (reserved by the caching allocator)."""

@@ -174,8 +174,9 @@ class _Metrics:
             for reason, n in sorted(g["fallbacks"].items()):
                 c.add_metric([str(reason)], n)
             yield c
-            yield CounterMetricFamily("code2wav_graph_padded_frames", "Frames of work in replayed step graphs, padding included "
-                                      "(against code2wav_decoded_frames: the share spent on padding)", value=g["padded_frames"])
+            yield CounterMetricFamily("code2wav_graph_frames", "Real frames in replayed step graphs", value=g["frames"])
+            yield CounterMetricFamily("code2wav_graph_padded_frames", "Rows x frames of replayed step graphs, padding included",
+                                      value=g["padded_frames"])
             yield GaugeMetricFamily("code2wav_graph_pool_bytes", "Memory of the CUDA graphs' shared pool, after capture", value=g["pool_bytes"])
 
     def render(self) -> bytes:
