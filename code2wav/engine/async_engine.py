@@ -138,7 +138,7 @@ class AsyncEngine:
                 if q:
                     await asyncio.gather(*(f for _, f, _ in q), return_exceptions=True)
         finally:
-            if self._pending.pop(request_id, None) is not None and request_id in self.core._streams:
+            if self._pending.pop(request_id, None) is not None and self.core.is_open(request_id):
                 self.core.finish(request_id)  # no frames left: frees the slot, nothing to decode
                 self._zero_released_later()
         return audio

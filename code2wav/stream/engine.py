@@ -129,6 +129,10 @@ class StreamEngine:
     def active(self) -> int:
         return len(self._streams)
 
+    def is_open(self, request_id: str) -> bool:
+        """Whether the stream is open (not finished, aborted or reaped for idling)."""
+        return request_id in self._streams
+
     def open(self, request_id: str, prefix: object = None) -> None:
         """Start a stream; ``prefix`` is ``[P, 16]`` reference codes (P may be 0) or None."""
         with self._lock:
