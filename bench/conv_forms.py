@@ -18,20 +18,9 @@ import sys
 
 import torch
 import torch.nn.functional as F
+from gpu_timing import timed  # bench/ is the script's directory, first on sys.path
 
 BLOCKS = ((768, 32), (384, 160), (192, 640), (96, 1920))  # (channels, samples per frame)
-
-
-def timed(fn, reps: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps * 1e3
 
 
 def dilated(x: torch.Tensor, w: torch.Tensor, d: int) -> torch.Tensor:

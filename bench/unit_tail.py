@@ -13,20 +13,9 @@ import torch
 from code2wav.kernels import snake, unit
 from code2wav.kernels.snake import residual_add, to_layout
 from code2wav.model.layers import ResidualUnit, channels_last_
+from gpu_timing import timed  # bench/ is the script's directory, first on sys.path
 
 BLOCKS = ((192, 640), (96, 1920))  # (channels, samples per frame) of the decoder blocks the fused tail serves
-
-
-def timed(fn, reps: int = 30) -> float:
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps * 1e3  # us
 
 
 def snr(ref: torch.Tensor, y: torch.Tensor) -> float:
