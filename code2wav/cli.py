@@ -337,10 +337,14 @@ def _run_serve(args: argparse.Namespace) -> int:
     core = StreamEngine(model, max_streams=args.max_streams, max_step_frames=32 if use_graphs else 64,
                         max_batch_frames=default_batch_frames() if use_graphs else 1024)
     if use_graphs:
-
+        t0 = time.perf_counter()
         runner = GraphRunner(model, core.pool, max_batch_frames=core.max_batch_frames)
         runner.capture(core.prefill_shapes())
         core.runner = runner
+        g = runner.stats()
+        print(f"{PROG}: captured {g['graphs']} step graphs and {g['prefill_graphs']} prefill graphs in "
+              f"{time.perf_counter() - t0:.0f} s (up to {core.max_batch_frames} padded frames per forward; "
+              f"graph pool {g['pool_bytes'] / 2**20:.0f} MiB)", file=sys.stderr, flush=True)
     limits = Limits(
         max_message_bytes=args.max_message_bytes,
         max_stream_frames=args.max_stream_frames,
