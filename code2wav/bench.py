@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from code2wav.engine.async_engine import AsyncEngine, EngineStats
+from code2wav.engine.async_engine import AsyncEngine
 from code2wav.engine.graphs import default_batch_frames, use_expandable_segments
 from code2wav.model.decoder import Decoder
 from code2wav.stream.engine import StreamEngine
@@ -159,7 +159,6 @@ async def _workload(core: StreamEngine, concurrency: int, frames: int, schedule:
 
         await asyncio.gather(*(worker(i) for i in range(concurrency)))
         m.wall = seconds if seconds > 0 else time.perf_counter() - t0
-        m.stats = eng.stats
     return m
 
 
@@ -191,7 +190,6 @@ class _Measured:
     steps: list[float] = field(default_factory=list)
     stalls: list[float] = field(default_factory=list)  # paced: seconds each stream's playback waited
     work: list[tuple[int, int]] = field(default_factory=list)  # graphs: (padded, real) frames replayed so far, per step in the window
-    stats: EngineStats | None = None
 
 
 def run(
@@ -228,7 +226,7 @@ def run(
             # shape at almost every step and would pay the tuning inside their timings.
             torch.backends.cudnn.benchmark = mode == "exact-graph"
         core = build_engine(model, mode, max(levels), max_batch_frames, group_by_size, split_lone_group)
-        graph_mb = core.runner.memory_bytes() / 2**20 if mode == "exact-graph" else 0.0  # type: ignore[union-attr]
+        graph_mb = core.runner.pool_bytes / 2**20 if mode == "exact-graph" else 0.0  # type: ignore[union-attr]  (taken at capture)
         for prefix_frames in prefixes:  # one engine (one capture) per mode, every prefix
             # One untimed warm-up run per engine and prefix (allocator, cudnn autotune, lazy init).
             asyncio.run(_workload(core, min(4, max(levels)), min(frames, 30), schedule, prefix_frames, 0.0, seed=99))

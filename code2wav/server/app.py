@@ -162,18 +162,12 @@ class _Metrics:
         yield CounterMetricFamily("code2wav_step_rows", "Rows over all batched forwards", value=stats.rows)
         yield CounterMetricFamily("code2wav_chunks", "Stream chunks decoded and handed over", value=stats.chunks)
         yield CounterMetricFamily("code2wav_decoded_frames", "Frames decoded", value=stats.frames)
-        c = CounterMetricFamily("code2wav_engine_errors", "Errors raised inside the engine, by code", labels=["code"])
-        for code, n in sorted(stats.errors.items()):
-            c.add_metric([str(code)], n)
-        yield c
+        yield _by_label("code2wav_engine_errors", "Errors raised inside the engine, by code", "code", stats.errors)
         graphs = getattr(core.runner, "stats", None)  # a GraphRunner (CUDA); the eager runner has none
         if callable(graphs):
             g = graphs()
             yield CounterMetricFamily("code2wav_graph_replays", "Batched forwards and prefill passes replayed from CUDA graphs", value=g["hits"])
-            c = CounterMetricFamily("code2wav_graph_fallbacks", "Passes run eagerly for want of a captured graph, by reason", labels=["reason"])
-            for reason, n in sorted(g["fallbacks"].items()):
-                c.add_metric([str(reason)], n)
-            yield c
+            yield _by_label("code2wav_graph_fallbacks", "Passes run eagerly for want of a captured graph, by reason", "reason", g["fallbacks"])
             yield CounterMetricFamily("code2wav_graph_frames", "Real frames in replayed step graphs", value=g["frames"])
             yield CounterMetricFamily("code2wav_graph_padded_frames", "Rows x frames of replayed step graphs, padding included",
                                       value=g["padded_frames"])
@@ -181,6 +175,14 @@ class _Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _by_label(name: str, doc: str, label: str, counts: dict) -> CounterMetricFamily:
+    """A counter family with one sample per key of ``counts``."""
+    c = CounterMetricFamily(name, doc, labels=[label])
+    for key, n in sorted(counts.items()):
+        c.add_metric([str(key)], n)
+    return c
 
 
 def create_app(engine: AsyncEngine, api_key: str | None = None, limits: Limits | None = None) -> FastAPI:

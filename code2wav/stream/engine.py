@@ -275,8 +275,7 @@ class StreamEngine:
                     st.started = True
                 except (StreamError, CodesError) as e:
                     refuse(rid, e)
-            if self.pool is not None:
-                self.pool.reset_stale()
+            self.zero_released()
         waiting = list({id(r.stream): r.stream for r in rows if r.stream.prefix is not None}.values())
         if waiting:
             try:
