@@ -12,6 +12,7 @@ from code2wav.engine.graphs import GraphRunner
 from code2wav.kernels import unit
 from code2wav.model.config import DecoderConfig
 from code2wav.model.init import random_decoder
+from code2wav.model.layers import CausalConv1d
 from code2wav.model.loading import configure_cuda
 from code2wav.stream.engine import StreamEngine
 
@@ -19,7 +20,8 @@ from code2wav.stream.engine import StreamEngine
 def main() -> int:
     """argv: [dtype] [layouts] [cuDNN benchmark_limit: algorithms timed per shape, 0 = all].
     A layout named ``...-unfused`` runs the residual units' tails as separate ops (the A/B of
-    ``code2wav/kernels/unit.py``)."""
+    ``code2wav/kernels/unit.py``); ``...-dilated`` runs the full convs dilated instead of folded
+    (the A/B of ``CausalConv1d.folded``)."""
     dtype = getattr(torch, sys.argv[1] if len(sys.argv) > 1 else "bfloat16")
     layouts = sys.argv[2].split(",") if len(sys.argv) > 2 else ["channels_last"]  # the CUDA default
     configure_cuda(dtype)
@@ -31,7 +33,8 @@ def main() -> int:
     real_applies = unit.applies
     for layout in layouts:  # the same step, conv weights stored either way
         unit.applies = (lambda x, h: False) if layout.endswith("-unfused") else real_applies
-        layout = layout.removesuffix("-unfused")
+        CausalConv1d.folded = not layout.endswith("-dilated")
+        layout = layout.removesuffix("-unfused").removesuffix("-dilated")
         m = random_decoder(DecoderConfig())
         m.fold(dtype)
         m = m.to("cuda", dtype).eval().requires_grad_(False)

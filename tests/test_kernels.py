@@ -96,9 +96,11 @@ def test_kernels_are_exact_across_tile_boundaries(monkeypatch, layout):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("act", ["none", "snake", "snake+bias"])
 @pytest.mark.parametrize("pooled", [True, False], ids=["step", "whole-forward"])
-def test_history_cat_and_write_match_eager(layout, act, pooled):
-    """``cat([pool[slots], act(x + bias)])`` in one pass, then the per-row window of the valid
-    part written back to each row's slot; slots out of order, one row with no new samples."""
+@pytest.mark.parametrize("multiple", [1, 4])
+def test_history_cat_and_write_match_eager(layout, act, pooled, multiple):
+    """``cat([pool[slots], act(x + bias)])`` in one pass (zero-padded to a multiple of 4: 13 ->
+    16 samples, as a folded conv needs), then the per-row window of the valid part written back
+    to each row's slot; slots out of order, one row with no new samples."""
     g = torch.Generator().manual_seed(1)
     B, C, L, H, rate = 3, 6, 8, 5, 2
     x = laid_out(torch.randn(B, C, L, generator=g), layout)
@@ -108,8 +110,9 @@ def test_history_cat_and_write_match_eager(layout, act, pooled):
     params = (alpha, beta) if act != "none" else None
     b = bias if act == "snake+bias" else None
     hist = pool[slots] if pooled else torch.zeros(B, C, H)
-    expect = torch.cat([hist, snake.snake_beta_eager(x, alpha, beta, b) if params else x], dim=-1)
-    xx = history.history_cat(x, H, pool if pooled else None, slots if pooled else None, params, b)
+    pad = torch.zeros(B, C, 3 if multiple == 4 else 0)
+    expect = torch.cat([hist, snake.snake_beta_eager(x, alpha, beta, b) if params else x, pad], dim=-1)
+    xx = history.history_cat(x, H, pool if pooled else None, slots if pooled else None, params, b, multiple)
     assert close(xx, expect)
     assert snake.is_channels_last(xx) == (layout == "channels_last")
     if pooled:
@@ -147,6 +150,12 @@ def test_unit_tail_matches_the_unit_ops(monkeypatch, C, tiles):
     y = unit.unit_tail(h, x, w2, b1, alpha, beta, b2)
     ref = x + F.conv1d(snake.snake_beta_eager(h, alpha, beta, b1), w2, b2)
     assert close(y, ref, 1e-5) and snake.is_channels_last(y)
+    # h as a folded conv leaves it: the first L of each row's longer run of time steps.
+    longer = laid_out(torch.randn(B, C, L + 5, generator=g), "channels_last")
+    trimmed = longer[..., :L]
+    assert unit.applies(x, trimmed) and trimmed.stride(0) > L * C
+    ref = x + F.conv1d(snake.snake_beta_eager(trimmed, alpha, beta, b1), w2, b2)
+    assert close(unit.unit_tail(trimmed, x, w2, b1, alpha, beta, b2), ref, 1e-5)
 
 
 def test_unit_tail_applies_only_where_it_is_exact_and_fast():

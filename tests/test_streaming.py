@@ -319,6 +319,31 @@ def test_stream_with_prefix_ended_before_its_first_step(small64):
     assert back_rows == [] and engine.pool.in_use == 0 and engine.active == 0
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("dilation", [1, 3, 9])
+def test_folded_conv_equals_the_dilated_conv(layout, dilation):
+    """A full conv runs as an undilated (7, 1) conv over a [B, C, T/d, d] view of its input:
+    equal (float64) to the causal dilated conv1d, for lengths no multiple of the dilation, whole
+    and stepped with a history from the pool."""
+    from code2wav.kernels.snake import to_layout
+    from code2wav.model.layers import CausalConv1d
+    from code2wav.model.streaming import Step
+
+    g = torch.Generator().manual_seed(7)
+    conv = CausalConv1d(8, 12, 7, dilation=dilation).double()
+    x = torch.randn(2, 8, 5 + 6 * dilation + 4, dtype=torch.float64, generator=g)  # 2 steps' worth
+    want = torch.nn.functional.conv1d(torch.nn.functional.pad(x, (6 * dilation, 0)), conv.conv.weight, conv.conv.bias, dilation=dilation)
+    with torch.no_grad():
+        assert (conv(to_layout(x, layout == "channels_last")) - want).abs().max() < 1e-12
+        pool = {conv.state_key: torch.zeros(3, 8, 6 * dilation, dtype=torch.float64)}
+        cut = 5
+        outs = []
+        for a, b in ((0, cut), (cut, x.shape[-1])):
+            step = Step(pool, torch.tensor([2, 0]), torch.tensor([b - a] * 2), torch.tensor([a] * 2))
+            outs.append(conv(to_layout(x[..., a:b], layout == "channels_last"), step))
+    assert (torch.cat(outs, -1) - want).abs().max() < 1e-12
+
+
 def test_back_context_is_exactly_enough(small64):
     """The conv stack only sees the last ``back_context_frames()`` prefix frames (10 for these
     rates); that rebuilds its state exactly, and one frame fewer does not."""

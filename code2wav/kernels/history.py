@@ -26,13 +26,13 @@ if triton is not None:
     @triton.jit
     def _history_cat_kernel(
         out_ptr, x_ptr, pool_ptr, slots_ptr, alpha_ptr, beta_ptr, bias_ptr,
-        C, H, T, sob, soc, sot, sxb, sxc, sxt, spn, spc, spt,
+        C, H, T, T_OUT, sob, soc, sot, sxb, sxc, sxt, spn, spc, spt,
         HAS_POOL: tl.constexpr, HAS_ACT: tl.constexpr, HAS_BIAS: tl.constexpr, FAST_SIN: tl.constexpr,
         BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr,
     ):
-        t, c, m = tile(T, C, BLOCK_L, BLOCK_C)  # t: output time, history first
+        t, c, m = tile(T_OUT, C, BLOCK_L, BLOCK_C)  # t: output time, history first, zeros past T
         b = tl.program_id(2)
-        xm = m & (t >= H)
+        xm = m & (t >= H) & (t < T)
         x = tl.load(x_ptr + b * sxb + c * sxc + (t - H) * sxt, mask=xm, other=0.0).to(tl.float32)
         if HAS_BIAS:
             x += tl.load(bias_ptr + c, mask=c < C, other=0.0).to(tl.float32)
@@ -44,6 +44,7 @@ if triton is not None:
             h = tl.load(pool_ptr + slot * spn + c * spc + t * spt, mask=m & (t < H), other=0.0).to(tl.float32)
         else:
             h = tl.zeros([BLOCK_L, BLOCK_C], dtype=tl.float32)
+        x = tl.where(t < T, x, 0.0)  # the bias and SnakeBeta of a masked zero need not be zero
         tl.store(out_ptr + b * sob + c * soc + t * sot, tl.where(t < H, h, x).to(out_ptr.dtype.element_ty), mask=m)
 
     @triton.jit
@@ -60,25 +61,28 @@ if triton is not None:
 
 
 def history_cat(x: Tensor, history: int, pool: Tensor | None = None, slots: Tensor | None = None,
-                act: tuple[Tensor, Tensor] | None = None, bias: Tensor | None = None) -> Tensor:
+                act: tuple[Tensor, Tensor] | None = None, bias: Tensor | None = None, multiple: int = 1) -> Tensor:
     """``cat([pool[slots] (zeros without a pool), act(x + bias)], -1)`` for ``x`` [B, C, L] and
-    ``pool`` [slots, C, history]. ``act`` is SnakeBeta's (alpha, beta); without it ``bias`` must be
-    None. The result has ``x``'s layout."""
-    if not snake.fused(x) or x.numel() + x.shape[0] * x.shape[1] * history >= 2**31:
+    ``pool`` [slots, C, history], then zeros up to a length that is a ``multiple`` of the given
+    one. ``act`` is SnakeBeta's (alpha, beta); without it ``bias`` must be None. The result has
+    ``x``'s layout."""
+    B, C, L = x.shape
+    T = history + L
+    T_out = -(-T // multiple) * multiple
+    if not snake.fused(x) or B * C * T_out >= 2**31:
         hist = x.new_zeros(*x.shape[:-1], history) if pool is None else pool.index_select(0, slots).to(x.dtype)
         if act is not None:
             x = snake_beta_eager(x, act[0], act[1], bias)
-        return torch.cat([hist, x], dim=-1)
-    B, C, L = x.shape
-    T = history + L
+        tail = [x.new_zeros(B, C, T_out - T)] if T_out > T else []
+        return torch.cat([hist, x, *tail], dim=-1)
     cl = is_channels_last(x)  # x itself is read through its strides, whatever they are
-    out = empty_time(x, T, cl)
+    out = empty_time(x, T_out, cl)
     dummy = x  # never read: the flags below switch those loads off
     alpha, beta = act if act is not None else (dummy, dummy)
-    bl, bc = tile_shape(C, T, cl)
-    _history_cat_kernel[(triton.cdiv(T, bl), triton.cdiv(C, bc), B)](
+    bl, bc = tile_shape(C, T_out, cl)
+    _history_cat_kernel[(triton.cdiv(T_out, bl), triton.cdiv(C, bc), B)](
         out, x, pool if pool is not None else dummy, slots if slots is not None else dummy, alpha, beta,
-        bias if bias is not None else dummy, C, history, T, *out.stride(), *x.stride(),
+        bias if bias is not None else dummy, C, history, T, T_out, *out.stride(), *x.stride(),
         *(pool.stride() if pool is not None else (0, 0, 0)),
         HAS_POOL=pool is not None, HAS_ACT=act is not None, HAS_BIAS=bias is not None, FAST_SIN=fast_sin(x),
         BLOCK_L=bl, BLOCK_C=bc,

@@ -32,9 +32,11 @@ def fused(x: Tensor) -> bool:
 
 
 def is_channels_last(x: Tensor) -> bool:
-    """``[B, C, L]`` stored as ``[B, L, C]`` (dense). A tensor with L == 1 or C == 1 is both."""
+    """``[B, C, L]`` stored as rows of ``C`` channels, one per time step (``[B, L, C]``); rows may
+    run past ``L`` (a trimmed view of a longer row-major tensor: the folded convs' outputs). A
+    tensor with L == 1 or C == 1 is both layouts."""
     B, C, L = x.shape
-    return x.stride() == (L * C, 1, C) or (x.is_contiguous() and (L == 1 or C == 1))
+    return x.stride()[1:] == (1, C) or (x.is_contiguous() and (L == 1 or C == 1))
 
 
 def to_layout(x: Tensor, channels_last: bool) -> Tensor:

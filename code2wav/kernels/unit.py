@@ -31,18 +31,21 @@ if triton is not None:
     from code2wav.kernels.snake import snake_params, snake_value
 
     @triton.jit
-    def _unit_tail_kernel(h_ptr, x_ptr, w_ptr, y_ptr, b1_ptr, alpha_ptr, beta_ptr, b2_ptr, M, swn, swk,
+    def _unit_tail_kernel(h_ptr, x_ptr, w_ptr, y_ptr, b1_ptr, alpha_ptr, beta_ptr, b2_ptr, M, L, shb, sxb, swn, swk,
                           C: tl.constexpr, FAST_SIN: tl.constexpr, NUM_STAGES: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]  # [BM, 1]
+        rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]  # [BM, 1]: row b*L + t
         rn = tl.arange(0, BLOCK_N)[None, :]  # [1, BN]: every output channel (BLOCK_N = C rounded up)
         mmask = rm < M
         nmask = rn < C
         rows = rm.to(tl.int64) * C
+        b, t = rm // L, rm % L  # per row, not per element
+        h_rows = b.to(tl.int64) * shb + t * C  # h and x may have batch strides past L * C
+        x_rows = b.to(tl.int64) * sxb + t * C
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in tl.range(0, C, BLOCK_K, num_stages=NUM_STAGES):  # BLOCK_K divides C: no K mask
             rk = k0 + tl.arange(0, BLOCK_K)[None, :]  # [1, BK]
-            a = tl.load(h_ptr + rows + rk, mask=mmask, other=0.0).to(tl.float32)
+            a = tl.load(h_ptr + h_rows + rk, mask=mmask, other=0.0).to(tl.float32)
             a += tl.load(b1_ptr + rk).to(tl.float32)
             sa, inv_b = snake_params(alpha_ptr, beta_ptr, rk, C)
             a = snake_value(a, sa, inv_b, FAST_SIN).to(w_ptr.dtype.element_ty)  # the 1x1 conv's input dtype
@@ -51,14 +54,14 @@ if triton is not None:
             acc = tl.dot(a, w, acc)
         acc += tl.load(b2_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
         m = mmask & nmask
-        acc += tl.load(x_ptr + rows + rn, mask=m, other=0.0).to(tl.float32)
+        acc += tl.load(x_ptr + x_rows + rn, mask=m, other=0.0).to(tl.float32)
         tl.store(y_ptr + rows + rn, acc.to(y_ptr.dtype.element_ty), mask=m)
 
 
 def applies(x: Tensor, h: Tensor) -> bool:
     """Where the fused tail runs: bf16/fp16 on CUDA (float32 keeps cuDNN's exact convs; an IEEE
     float32 Triton GEMM is slow), channels-last activations (the CUDA default: the unit's input
-    and the k=7 conv's output are then dense ``[B*L, C]`` matrices), up to ``MAX_C`` channels.
+    and the k=7 conv's output are then ``[L, C]`` matrices per row), up to ``MAX_C`` channels.
     (Tests run it on CPU float32 through Triton's interpreter, where its dot is exact.)"""
     C = x.shape[1]
     return (snake.fused(x) and not (x.is_cuda and x.dtype == torch.float32) and x.shape == h.shape
@@ -67,7 +70,8 @@ def applies(x: Tensor, h: Tensor) -> bool:
 
 def unit_tail(h: Tensor, x: Tensor, w2: Tensor, b1: Tensor, alpha: Tensor, beta: Tensor, b2: Tensor,
               block_m: int | None = None, num_warps: int | None = None, num_stages: int | None = None) -> Tensor:
-    """``x + b2 + conv1x1(snake(h + b1), w2)`` over channels-last ``[B, C, L]`` (see ``applies``);
+    """``x + b2 + conv1x1(snake(h + b1), w2)`` over channels-last ``[B, C, L]`` (see ``applies``;
+    the batch strides may exceed ``L * C``);
     ``w2`` is the 1x1 conv's ``[C, C, 1]`` weight. Returns a new channels-last tensor. The tile
     arguments are for ``bench/unit_tail.py``'s sweep; the defaults are what it measured best."""
     B, C, L = x.shape
@@ -76,7 +80,7 @@ def unit_tail(h: Tensor, x: Tensor, w2: Tensor, b1: Tensor, alpha: Tensor, beta:
     block_n = triton.next_power_of_2(C)
     block_m = block_m or min(128, ACC_ELEMENTS // block_n)
     _unit_tail_kernel[(triton.cdiv(M, block_m),)](
-        h, x, w2, y, b1, alpha, beta, b2, M, w2.stride(0), w2.stride(1),
+        h, x, w2, y, b1, alpha, beta, b2, M, L, h.stride(0), x.stride(0), w2.stride(0), w2.stride(1),
         C=C, FAST_SIN=fast_sin(x), NUM_STAGES=num_stages or NUM_STAGES,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=32 if C % 32 == 0 else MIN_K,
         num_warps=num_warps or NUM_WARPS,

@@ -23,7 +23,18 @@ def channels_last_(conv: nn.Module) -> None:
 
 
 class CausalConv1d(StreamingLayer):
-    """Conv1d with ``(k-1)*d`` samples of left context and none on the right (stride 1)."""
+    """Conv1d with ``(k-1)*d`` samples of left context and none on the right (stride 1).
+
+    A full (``groups == 1``) conv runs *folded*: sample ``t = i*d + j`` of the input (history
+    included, zero-padded to a multiple of ``d``) sits at ``[i, j]`` of a ``[B, C, T/d, d]``
+    view, in either layout a view with no copy, where the dilated conv is an undilated
+    ``(k, 1)`` conv. cuDNN's kernels for that form took 0.55-0.7x the time of the dilated
+    ``(1, k)`` form at d = 3, 9 on an H200 (bench/conv_forms.py). Outputs read no padding before
+    sample ``L``; the ones past it are dropped (a view: rows stay ``C`` channels, the batch
+    stride keeps the padding).
+    """
+
+    folded = True  # False: the dilated (1, k) form (bench/profile_step.py's A/B)
 
     def __init__(self, c_in: int, c_out: int, kernel: int, dilation: int = 1, groups: int = 1, rate: int = 1):
         super().__init__()
@@ -42,13 +53,18 @@ class CausalConv1d(StreamingLayer):
         ``act`` (with the previous conv's ``act_bias``) is applied to ``x`` first, fused with
         the history concat."""
         bias = self.conv.bias if add_bias else None
-        x = self._with_history(x, step, act, act_bias)
+        d, L = self.conv.dilation[0], x.shape[-1]
         if self.conv.out_channels == 1 and add_bias:  # the output conv: cuDNN is slow for one channel
-            return mono_conv(x, self.conv.weight, bias, self.conv.dilation[0])
-        # As a 2-D conv over [B, C, 1, L]: torch's conv1d picks its memory format from the 3-D
-        # tensors (always contiguous) and would copy channels-last activations on every call.
+            return mono_conv(self._with_history(x, step, act, act_bias), self.conv.weight, bias, d)
+        # As 2-D convs: torch's conv1d picks its memory format from the 3-D tensors (always
+        # contiguous) and would copy channels-last activations on every call.
+        if self.folded and self.conv.groups == 1 and self.history:
+            xx = self._with_history(x, step, act, act_bias, multiple=d)
+            y = F.conv2d(xx.unflatten(-1, (xx.shape[-1] // d, d)), self.conv.weight.unsqueeze(-1), bias)
+            return y.flatten(2)[..., :L]
+        x = self._with_history(x, step, act, act_bias)
         w = self.conv.weight.unsqueeze(2)
-        return F.conv2d(x.unsqueeze(2), w, bias, dilation=(1, self.conv.dilation[0]), groups=self.conv.groups).squeeze(2)
+        return F.conv2d(x.unsqueeze(2), w, bias, dilation=(1, d), groups=self.conv.groups).squeeze(2)
 
 
 class CausalConvTranspose1d(StreamingLayer):

@@ -57,18 +57,20 @@ class StreamingLayer(nn.Module):
         """Per-stream state tensors this layer keeps, keyed by full pool key."""
         raise NotImplementedError
 
-    def _with_history(self, x: Tensor, step: Step | None, act: "nn.Module | None" = None, bias: Tensor | None = None) -> Tensor:
+    def _with_history(self, x: Tensor, step: Step | None, act: "nn.Module | None" = None, bias: Tensor | None = None,
+                      multiple: int = 1) -> Tensor:
         """``[history, act(x + bias)]`` along time, the history read from this layer's pool entry
-        (zeros without a step); then the last ``history`` samples of each row's valid part are
-        written back. ``act`` is a SnakeBeta fused into the same pass (see kernels/history.py).
-        A layer without history gets ``act(x + bias)`` alone."""
+        (zeros without a step), zero-padded to a ``multiple`` of the given length; then the last
+        ``history`` samples of each row's valid part are written back. ``act`` is a SnakeBeta
+        fused into the same pass (see kernels/history.py). A layer without history gets
+        ``act(x + bias)`` alone."""
         if not self.history:
             return x if act is None else act(x, bias)
         params = (act.alpha, act.beta) if act is not None else None
         if step is None:
-            return history_cat(x, self.history, act=params, bias=bias)
+            return history_cat(x, self.history, act=params, bias=bias, multiple=multiple)
         pool = step.pool[self.state_key]
-        xx = history_cat(x, self.history, pool, step.slots, params, bias)
+        xx = history_cat(x, self.history, pool, step.slots, params, bias, multiple)
         history_write(pool, step.slots, xx, step.n_new, self.rate, self.history)
         return xx
 
