@@ -22,8 +22,8 @@
 #                              sweep, bf16 SNR); step profile with and without it; sustained load
 #   bash bench/gpu.sh budget   sustained load at budgets 512 and 640 (graph pool vs 1 GiB)  [~400 s]
 #   bash bench/gpu.sh split    sustained load with and without --split-lone-group (c=4..256)  [~350 s]
-#   bash bench/gpu.sh convs    the dilated k=7 convs as today and folded to undilated (7, 1) convs,
-#                              cuDNN's default and full algorithm search (no graphs)        [~120 s?]
+#   bash bench/gpu.sh convs [BxT,...]  the k=7 convs dilated and folded to undilated (7, 1) convs,
+#                              cuDNN's default and full algorithm search (no graphs)   [~20 s a shape]
 #   bash bench/gpu.sh session6 quick checks; step profile with the full convs folded and dilated;
 #                              sustained load at the defaults, prefix 0 and 72           [~500 s]
 #   bash bench/gpu.sh offline64  fp32 batch-64 offline, ours vs official, cuDNN heuristics [~60 s]
@@ -133,7 +133,9 @@ split)  # A/B of StreamEngine(split_lone_group=True): at budget 480, c=16 ran 12
   echo "=== summary ==="; grep -A6 "^mode" "$OUT/split_ab.txt"
   ;;
 convs)  # is an undilated form of the dilated convs, or cuDNN's full search, faster? (bench/conv_forms.py)
-  timeout 250 python3 bench/conv_forms.py 16x25 2>&1 | tee "$OUT/conv_forms.txt"
+  for shape in $(echo "${2:-16x25}" | tr , " "); do  # rows x frames, comma-separated
+    timeout 250 python3 bench/conv_forms.py "$shape" 2>&1 | tee -a "$OUT/conv_forms.txt"
+  done
   ;;
 session6)  # the folded convs: checks, step A/B (folded vs dilated), sustained load at the defaults
   timeout 130 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
