@@ -20,8 +20,8 @@ from code2wav.stream.engine import StreamEngine
 def main() -> int:
     """argv: [dtype] [layouts] [cuDNN benchmark_limit: algorithms timed per shape, 0 = all].
     A layout named ``...-unfused`` runs the residual units' tails as separate ops (the A/B of
-    ``code2wav/kernels/unit.py``); ``...-dilated`` runs the full convs dilated instead of folded
-    (the A/B of ``CausalConv1d.folded``)."""
+    ``code2wav/kernels/unit.py``); ``...-fold=all|dilated|none`` sets which full convs run folded
+    (the A/B of ``CausalConv1d.fold``). Each layout's eager 16x25, 1x25 and 1x1 steps are profiled."""
     dtype = getattr(torch, sys.argv[1] if len(sys.argv) > 1 else "bfloat16")
     layouts = sys.argv[2].split(",") if len(sys.argv) > 2 else ["channels_last"]  # the CUDA default
     configure_cuda(dtype)
@@ -30,11 +30,13 @@ def main() -> int:
     print(f"{dtype}, cuDNN benchmark_limit {torch.backends.cudnn.benchmark_limit}")
     shapes = [(1, 1), (16, 1), (1, 25), (5, 25), (10, 25), (16, 25), (20, 25), (64, 8)]
     g = torch.Generator().manual_seed(0)
-    real_applies = unit.applies
+    real_applies, default_fold = unit.applies, CausalConv1d.fold
     for layout in layouts:  # the same step, conv weights stored either way
+        name = layout
+        layout, _, fold = layout.partition("-fold=")
+        CausalConv1d.fold = fold or default_fold
         unit.applies = (lambda x, h: False) if layout.endswith("-unfused") else real_applies
-        CausalConv1d.folded = not layout.endswith("-dilated")
-        layout = layout.removesuffix("-unfused").removesuffix("-dilated")
+        layout = layout.removesuffix("-unfused")
         m = random_decoder(DecoderConfig())
         m.fold(dtype)
         m = m.to("cuda", dtype).eval().requires_grad_(False)
@@ -43,7 +45,7 @@ def main() -> int:
         eng = StreamEngine(m, max_streams=64, max_batch_frames=512)
         runner = GraphRunner(m, eng.pool, batch_sizes=(1, 5, 10, 16, 64), frame_sizes=(1, 8, 25), max_batch_frames=512)
         runner.capture()
-        print(f"conv weights {layout}; graph pool {runner.memory_bytes() / 2**20:.0f} MiB at 512 frames")
+        print(f"{name}: conv weights {layout}, fold {CausalConv1d.fold}; graph pool {runner.memory_bytes() / 2**20:.0f} MiB at 512 frames")
         print(f"{'B':>4}{'T':>4}{'eager ms':>10}{'graph ms':>10}{'frames/s graph':>16}{'x RT':>8}")
         for b, t in shapes:
             codes = torch.randint(0, 2048, (b, 16, t), generator=g)
@@ -63,20 +65,26 @@ def main() -> int:
             fps = b * t / res["graph"] * 1e3
             print(f"{b:>4}{t:>4}{res['eager']:>10.2f}{res['graph']:>10.2f}{fps:>16.0f}{fps / 12.5:>8.0f}", flush=True)
         del runner
+        profile_steps(eng, name, g)
+    return 0
+
+
+def profile_steps(eng: StreamEngine, name: str, g: torch.Generator) -> None:
+    """Where a big step's time goes; what a 1-frame step launches (eager, torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
-    for b, t, rows in ((16, 25, 24), (1, 1, 16)):  # where a big step's time goes; what a 1-frame step launches
+    for b, t, rows in ((16, 25, 24), (1, 25, 16), (1, 1, 16)):
         codes = torch.randint(0, 2048, (b, 16, t), generator=g)
         slots, n_new = torch.arange(b), torch.full((b,), t)
+        eng._run_eager(codes, slots, n_new)  # cuDNN's algorithm search outside the profile
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             eng._run_eager(codes, slots, n_new)
             torch.cuda.synchronize()
         events = prof.key_averages()
         kernels = sum(e.count for e in events if e.device_type.name == "CUDA")
         gpu_ms = sum(e.self_device_time_total for e in events) / 1e3
-        print(f"--- {layout} {b}x{t} eager step: {kernels} GPU kernels/copies, {gpu_ms:.2f} ms GPU time")
+        print(f"--- {name} {b}x{t} eager step: {kernels} GPU kernels/copies, {gpu_ms:.2f} ms GPU time")
         print(events.table(sort_by="self_cuda_time_total", row_limit=rows, max_name_column_width=70))
-    return 0
 
 
 if __name__ == "__main__":

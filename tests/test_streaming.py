@@ -321,14 +321,16 @@ def test_stream_with_prefix_ended_before_its_first_step(small64):
 
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
 @pytest.mark.parametrize("dilation", [1, 3, 9])
-def test_folded_conv_equals_the_dilated_conv(layout, dilation):
-    """A full conv runs as an undilated (7, 1) conv over a [B, C, T/d, d] view of its input:
+@pytest.mark.parametrize("fold", ["all", "dilated", "none"])
+def test_folded_conv_equals_the_dilated_conv(monkeypatch, layout, dilation, fold):
+    """A full conv may run as an undilated (7, 1) conv over a [B, C, T/d, d] view of its input:
     equal (float64) to the causal dilated conv1d, for lengths no multiple of the dilation, whole
-    and stepped with a history from the pool."""
+    and stepped with a history from the pool; so is each other choice of which convs fold."""
     from code2wav.kernels.snake import to_layout
     from code2wav.model.layers import CausalConv1d
     from code2wav.model.streaming import Step
 
+    monkeypatch.setattr(CausalConv1d, "fold", fold)
     g = torch.Generator().manual_seed(7)
     conv = CausalConv1d(8, 12, 7, dilation=dilation).double()
     x = torch.randn(2, 8, 5 + 6 * dilation + 4, dtype=torch.float64, generator=g)  # 2 steps' worth

@@ -34,7 +34,7 @@ class CausalConv1d(StreamingLayer):
     stride keeps the padding).
     """
 
-    folded = True  # False: the dilated (1, k) form (bench/profile_step.py's A/B)
+    fold = "dilated"  # which full convs run folded: "dilated" (d > 1), "all", "none" (profile_step's A/B)
 
     def __init__(self, c_in: int, c_out: int, kernel: int, dilation: int = 1, groups: int = 1, rate: int = 1):
         super().__init__()
@@ -58,7 +58,7 @@ class CausalConv1d(StreamingLayer):
             return mono_conv(self._with_history(x, step, act, act_bias), self.conv.weight, bias, d)
         # As 2-D convs: torch's conv1d picks its memory format from the 3-D tensors (always
         # contiguous) and would copy channels-last activations on every call.
-        if self.folded and self.conv.groups == 1 and self.history:
+        if self.conv.groups == 1 and self.history and (self.fold == "all" or (self.fold == "dilated" and d > 1)):
             xx = self._with_history(x, step, act, act_bias, multiple=d)
             y = F.conv2d(xx.unflatten(-1, (xx.shape[-1] // d, d)), self.conv.weight.unsqueeze(-1), bias)
             return y.flatten(2)[..., :L]
