@@ -24,8 +24,8 @@
 #   bash bench/gpu.sh split    sustained load with and without --split-lone-group (c=4..256)  [~350 s]
 #   bash bench/gpu.sh convs [BxT,...]  the k=7 convs dilated and folded to undilated (7, 1) convs,
 #                              cuDNN's default and full algorithm search (no graphs)   [~20 s a shape]
-#   bash bench/gpu.sh session6 quick checks; step profile with the dilated convs folded, all full
-#                              convs folded, none;
+#   bash bench/gpu.sh session6 quick checks; step profile with the dilated convs folded (default)
+#                              and none (run 4 of session 6 also timed all: fold=all);
 #                              sustained load at the defaults, prefix 0 and 72           [~500 s]
 #   bash bench/gpu.sh offline64  fp32 batch-64 offline, ours vs official, cuDNN heuristics [~60 s]
 set -uo pipefail
@@ -140,7 +140,7 @@ convs)  # is an undilated form of the dilated convs, or cuDNN's full search, fas
   ;;
 session6)  # the folded convs: checks, step A/B (folded vs dilated), sustained load at the defaults
   timeout 130 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
-  timeout 260 python3 bench/profile_step.py bfloat16 channels_last-fold=dilated,channels_last-fold=all,channels_last-fold=none 2>&1 | tee "$OUT/profile.txt"
+  timeout 260 python3 bench/profile_step.py bfloat16 channels_last,channels_last-fold=none 2>&1 | tee "$OUT/profile.txt"
   timeout 220 python3 -m code2wav.bench --modes exact-graph --levels 1,16,64,256 --prefix 0,72 --seconds 3 --out /tmp/bench 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/sustained.txt"
   echo "=== summary ==="; checks_summary; grep -B1 -A9 "eager ms" "$OUT/profile.txt"; grep -- "^---" "$OUT/profile.txt"
   grep -A10 "^mode" "$OUT/sustained.txt"

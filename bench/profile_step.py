@@ -52,7 +52,7 @@ def main() -> int:
             slots = torch.arange(b)
             n_new = torch.full((b,), t)
             res = {}
-            for name, fn in (("eager", eng._run_eager), ("graph", runner)):
+            for how, fn in (("eager", eng._run_eager), ("graph", runner)):
                 for _ in range(3):
                     fn(codes, slots, n_new)
                 torch.cuda.synchronize()
@@ -61,7 +61,7 @@ def main() -> int:
                 for _ in range(reps):
                     fn(codes, slots, n_new)
                 torch.cuda.synchronize()
-                res[name] = (time.perf_counter() - t0) / reps * 1e3
+                res[how] = (time.perf_counter() - t0) / reps * 1e3
             fps = b * t / res["graph"] * 1e3
             print(f"{b:>4}{t:>4}{res['eager']:>10.2f}{res['graph']:>10.2f}{fps:>16.0f}{fps / 12.5:>8.0f}", flush=True)
         del runner

@@ -31,10 +31,13 @@ class CausalConv1d(StreamingLayer):
     ``(k, 1)`` conv. cuDNN's kernels for that form took 0.55-0.7x the time of the dilated
     ``(1, k)`` form at d = 3, 9 on an H200 (bench/conv_forms.py). Outputs read no padding before
     sample ``L``; the ones past it are dropped (a view: rows stay ``C`` channels, the batch
-    stride keeps the padding).
+    stride keeps the padding). Measured on whole steps (bench/profile_step.py): folding the d = 1
+    convs too gained nothing at 16 x 25 frames, and a one-row step folded ran slower (cuDNN added
+    layout conversions: 1 x 1 frame 1.02 vs 0.87 ms), so by default only dilated convs fold, and
+    only in steps of two rows or more.
     """
 
-    fold = "dilated"  # which full convs run folded: "dilated" (d > 1), "all", "none" (profile_step's A/B)
+    fold = "dilated"  # which full convs run folded: "dilated" (d > 1, rows > 1), "all", "none"
 
     def __init__(self, c_in: int, c_out: int, kernel: int, dilation: int = 1, groups: int = 1, rate: int = 1):
         super().__init__()
@@ -58,7 +61,7 @@ class CausalConv1d(StreamingLayer):
             return mono_conv(self._with_history(x, step, act, act_bias), self.conv.weight, bias, d)
         # As 2-D convs: torch's conv1d picks its memory format from the 3-D tensors (always
         # contiguous) and would copy channels-last activations on every call.
-        if self.conv.groups == 1 and self.history and (self.fold == "all" or (self.fold == "dilated" and d > 1)):
+        if self.conv.groups == 1 and self.history and (self.fold == "all" or (self.fold == "dilated" and d > 1 and len(x) > 1)):
             xx = self._with_history(x, step, act, act_bias, multiple=d)
             y = F.conv2d(xx.unflatten(-1, (xx.shape[-1] // d, d)), self.conv.weight.unsqueeze(-1), bias)
             return y.flatten(2)[..., :L]
