@@ -27,6 +27,8 @@
 #   bash bench/gpu.sh session6 quick checks; step profile with the dilated convs folded (default)
 #                              and none (run 4 of session 6 also timed all: fold=all);
 #                              sustained load at the defaults, prefix 0 and 72           [~500 s]
+#   bash bench/gpu.sh lowrate  quick checks (bf16 SNR with the low-rate stages in float32); sustained
+#                              load at c=1/64/256                                       [~150 s]
 #   bash bench/gpu.sh offline64  fp32 batch-64 offline, ours vs official, cuDNN heuristics [~60 s]
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -144,6 +146,11 @@ session6)  # the folded convs: checks, step A/B (folded vs dilated), sustained l
   timeout 220 python3 -m code2wav.bench --modes exact-graph --levels 1,16,64,256 --prefix 0,72 --seconds 3 --out /tmp/bench 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/sustained.txt"
   echo "=== summary ==="; checks_summary; grep -B1 -A9 "eager ms" "$OUT/profile.txt"; grep -- "^---" "$OUT/profile.txt"
   grep -A10 "^mode" "$OUT/sustained.txt"
+  ;;
+lowrate)  # the low-rate stages in float32 (TF32) under bf16: checks (SNR), sustained load
+  timeout 110 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
+  timeout 150 python3 -m code2wav.bench --modes exact-graph --levels 1,64,256 --seconds 3 --out /tmp/bench 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/sustained.txt"
+  echo "=== summary ==="; checks_summary; grep -A6 "^mode" "$OUT/sustained.txt"
   ;;
 offline64)
   python3 bench/offline.py --device cuda --dtypes float32 --batches 64 --frames 125 --repeat 2 --no-autotune 2>&1 | tee "$OUT/offline_fp32_b64.txt"

@@ -26,13 +26,12 @@ def check(name: str, ok: bool, detail: str) -> None:
         failures.append(name)
 
 
-def load(weights: dict, dtype: torch.dtype, device: str) -> Decoder:
+def load(weights: dict, dtype: torch.dtype, device: str, low_rate_dtype: torch.dtype | None = None) -> Decoder:
     configure_cuda(dtype)
     m = Decoder(DecoderConfig())
     m.load_state_dict(weights)
     m.to(torch.float64 if dtype == torch.float64 else torch.float32)
-    m.fold(dtype)
-    m = m.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    m.to_dtypes(dtype, device, low_rate_dtype)
     return m.channels_last() if device.startswith("cuda") else m
 
 
@@ -106,10 +105,12 @@ def main() -> int:
     except Exception as e:  # the official package may be missing on the machine
         detail += f"; official not run ({type(e).__name__})"
     # Streaming must add nothing to bf16 rounding: compare with the same weights' whole forward
-    # (ours and official). The issue's 30 dB target is reported as a figure, not asserted: with
-    # random weights the conv stack's gain sets the bf16 floor.
+    # (ours and official).
     check("graph bf16 stream SNR == whole bf16 forward", snr >= snr_whole - 0.5, detail)
-    print(f"INFO bf16 SNR vs fp64: {snr:.1f} dB (target 30 dB)")
+    # The issue's target, for the default bf16 model (low-rate stages in float32 / TF32), and the
+    # all-bf16 model's figure for comparison.
+    snr_all = snr_db(ref, graph_stream(load(weights, torch.bfloat16, "cuda", torch.bfloat16), codes).float())
+    check("graph bf16 stream SNR >= 30 dB vs fp64", snr >= 30.0, f"{snr:.1f} dB; all-bf16 (low-rate stages bf16 too) {snr_all:.1f} dB")
 
     # 3b. fp16 (same tensor-core speed, 3 more mantissa bits): the same stream through graphs.
     out16 = graph_stream(load(weights, torch.float16, "cuda"), codes).float()

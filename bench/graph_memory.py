@@ -25,8 +25,7 @@ def child(budget: int) -> None:
 
     configure_cuda(torch.bfloat16)
     m = random_decoder(DecoderConfig())
-    m.fold(torch.bfloat16)
-    m = m.to("cuda", torch.bfloat16).eval().requires_grad_(False).channels_last()
+    m = m.to_dtypes(torch.bfloat16, "cuda").channels_last()
     eng = StreamEngine(m, max_streams=256, max_batch_frames=budget)
     rows = budget // 25
     torch.cuda.reset_peak_memory_stats()

@@ -67,8 +67,7 @@ def main() -> int:
         dtype = getattr(torch, dname)
         ours = Decoder(DecoderConfig())
         ours.load_state_dict(weights)
-        ours.fold(dtype)  # folded from the fp32 weights, then cast once
-        ours = ours.to(args.device, dtype).eval()
+        ours.to_dtypes(dtype, args.device, dtype)  # folded from the fp32 weights, then cast once (all in dtype, as the official)
         if args.device.startswith("cuda"):
             ours.channels_last()
         off = Qwen3TTSTokenizerV2Decoder._from_config(Qwen3TTSTokenizerV2DecoderConfig(**reference_config()["decoder_config"]))

@@ -38,8 +38,7 @@ def main() -> int:
         unit.applies = (lambda x, h: False) if layout.endswith("-unfused") else real_applies
         layout = layout.removesuffix("-unfused")
         m = random_decoder(DecoderConfig())
-        m.fold(dtype)
-        m = m.to("cuda", dtype).eval().requires_grad_(False)
+        m = m.to_dtypes(dtype, "cuda")
         if layout == "channels_last":
             m.channels_last()
         eng = StreamEngine(m, max_streams=64, max_batch_frames=512)

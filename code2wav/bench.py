@@ -314,7 +314,10 @@ def plot(results: list[Result], path: Path) -> bool:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="checkpoint (default: embedded random weights)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16", "float64"])
+    from code2wav.cli import DTYPES, add_low_rate_dtype  # here: cli imports this module
+
+    p.add_argument("--dtype", default="bfloat16", choices=DTYPES)
+    add_low_rate_dtype(p)
     p.add_argument("--modes", default=",".join(ALL_MODES))
     p.add_argument("--levels", default="1,4,16,64,256")
     p.add_argument("--frames", type=int, default=101, help="frames per stream (after the prefix)")
@@ -364,6 +367,7 @@ def main_service(args: argparse.Namespace) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
+    from code2wav.cli import low_rate_dtype
     from code2wav.model.loading import load_decoder
 
     use_expandable_segments()  # before the model touches CUDA
@@ -373,7 +377,8 @@ def main(args: argparse.Namespace) -> int:
         return main_service(args)
 
     dtype = getattr(torch, args.dtype)
-    model = load_decoder(args.model, device=args.device, dtype=dtype, channels_last=args.channels_last)
+    model = load_decoder(args.model, device=args.device, dtype=dtype, channels_last=args.channels_last,
+                         low_rate_dtype=low_rate_dtype(args))
     modes = [m for m in args.modes.split(",") if m]
     bad = [m for m in modes if m not in ALL_MODES]
     if bad:
@@ -386,7 +391,7 @@ def main(args: argparse.Namespace) -> int:
                    group_by_size=args.group_by_size, split_lone_group=args.split_lone_group, pace=args.pace)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu", "dtype": args.dtype, "torch": torch.__version__,
+    meta = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu", "dtype": args.dtype, "low_rate_dtype": str(model.low_rate_dtype).removeprefix("torch."), "torch": torch.__version__,
             "channels_last": args.channels_last, "max_batch_frames": args.max_batch_frames, "sustained_s": args.seconds,
             "group_by_size": args.group_by_size, "split_lone_group": args.split_lone_group, "pace": args.pace}
     (out / "results.json").write_text(json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=2))

@@ -33,13 +33,14 @@ def _weights(cfg: DecoderConfig, seed: int) -> dict[str, torch.Tensor]:
 
 
 @functools.lru_cache(maxsize=None)
-def model(cfg: DecoderConfig = SMALL, dtype: torch.dtype = torch.float64, seed: int = 0) -> Decoder:
-    """Random-weight decoder in ``dtype`` (cached: treat as read-only)."""
+def model(cfg: DecoderConfig = SMALL, dtype: torch.dtype = torch.float64, seed: int = 0,
+          low_rate_dtype: torch.dtype | None = None) -> Decoder:
+    """Random-weight decoder in ``dtype`` (cached: treat as read-only); the stages before the
+    conv stack in ``low_rate_dtype`` (``Decoder.to_dtypes``' default: float32 under half types)."""
     m = Decoder(cfg)
     m.load_state_dict(_weights(cfg, seed))
     m.to(torch.float64 if dtype == torch.float64 else torch.float32)
-    m.fold(dtype)
-    return m.to(dtype).eval().requires_grad_(False)
+    return m.to_dtypes(dtype, low_rate_dtype=low_rate_dtype)
 
 
 def random_codes(frames: int, cfg: DecoderConfig = SMALL, seed: int = 0) -> torch.Tensor:

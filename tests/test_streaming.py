@@ -8,6 +8,7 @@ so one reference forward serves every (prefix, length) pair cut from the same co
 
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
@@ -145,6 +146,34 @@ def test_float32_within_1e4_of_peak(small64, name):
     out = stream_alone(StreamEngine(model(SMALL, torch.float32), max_streams=1), "s", codes, 12, 150, SCHEDULES[name])
     expect = ref[12 * SPF : 162 * SPF]
     assert max_err(out.double(), expect) <= 1e-4 * expect.abs().max().item()
+
+
+def snr_db(ref: torch.Tensor, x: torch.Tensor) -> float:
+    return 10 * torch.log10(ref.pow(2).sum() / (ref - x.double()).pow(2).sum()).item()
+
+
+@pytest.mark.parametrize("half", [torch.bfloat16, torch.float16])
+def test_half_models_keep_the_low_rate_stages_float32(small64, half):
+    """A half-precision decoder runs the stages before the conv stack (dequantizer, pre_conv,
+    transformer, upsampling) in float32 and keeps its state pool in the half dtype: the same
+    state size as all-half, and a stream closer to the float64 forward than all-half's."""
+    _, codes, ref = small64
+    mixed, all_half = model(SMALL, half), model(SMALL, half, low_rate_dtype=half)
+    assert (mixed.dtype, mixed.low_rate_dtype) == (half, torch.float32)
+    assert (all_half.dtype, all_half.low_rate_dtype) == (half, half)
+    assert {p.dtype for m in mixed.low_rate_modules() for p in m.parameters()} == {torch.float32}
+    assert mixed.quantizer.table.dtype == torch.float32
+    assert {p.dtype for p in mixed.decoder.parameters()} == {half}
+    outs = {}
+    for name, m in (("mixed", mixed), ("all-half", all_half)):
+        engine = StreamEngine(m, max_streams=1)
+        assert {b.dtype for b in engine.pool.buffers.values()} == {half}
+        outs[name] = stream_alone(engine, "s", codes, 12, 60, [1, 25])
+        assert outs[name].dtype == half
+    expect = ref[12 * SPF : 72 * SPF]
+    snr = {name: snr_db(expect, out) for name, out in outs.items()}
+    assert snr["mixed"] >= snr["all-half"] + 1.0, snr
+    assert StreamEngine(mixed, max_streams=1).pool.bytes_per_stream == StreamEngine(all_half, max_streams=1).pool.bytes_per_stream
 
 
 def test_many_streams_in_one_batch_equal_each_alone(small64):
@@ -396,10 +425,11 @@ def test_state_bytes_per_stream():
 def test_float16_overflow_ends_only_that_stream():
     """float16 can overflow (max 65504) where bfloat16 cannot. A row whose audio comes out
     non-finite gets ``non_finite_audio`` and is ended (its state holds inf/NaN now); the other
-    rows of the same step decode normally and stay open."""
+    rows of the same step decode normally and stay open. (float16 throughout, so the overflow
+    comes from the codebook sum, per row.)"""
     from code2wav.stream.engine import StreamError
 
-    m = model(SMALL, torch.float16)
+    m = copy.deepcopy(model(SMALL, torch.float16, low_rate_dtype=torch.float16))
     m.quantizer.table = m.quantizer.table.clone()
     q, size = SMALL.num_quantizers, SMALL.codebook_size
     m.quantizer.table[7] = 6e4  # code 7 of quantizers 0 and 1: their sum overflows float16

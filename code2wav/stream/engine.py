@@ -105,7 +105,7 @@ class StreamEngine:
         # meanwhile. Off by default until measured (bench --split-lone-group is the A/B).
         self.split_lone_group = split_lone_group
         p = next(model.parameters())
-        self.device, self.dtype = p.device, p.dtype
+        self.device, self.dtype = p.device, model.dtype  # the audio's dtype (the conv stack's)
         self.pool = StatePool(model, max_streams) if mode == "exact" else None
         self.max_streams = max_streams
         self._streams: dict[str, _Stream] = {}

@@ -28,7 +28,8 @@ class StatePool:
             raise ValueError("max_streams must be >= 1")
         p = next(model.parameters())
         device = torch.device(device) if device is not None else p.device
-        dtype = dtype or p.dtype
+        dtype = dtype or model.dtype  # the conv stack's: a half-precision model's low-rate stages
+        #                               compute in float32 but keep their state in it too
         self.max_streams = max_streams
         self.device = device
         rows = max_streams + 1
