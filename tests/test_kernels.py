@@ -248,6 +248,10 @@ def test_rope_kv_cat_and_write_match_eager(pooled):
     qq, kk, vv = tk.rope_kv_cat(qkv, H, Hkv, cos, sin, *((pool_k, pool_v, slots) if pooled else ()))
     assert close(qq, q) and close(kk, k) and close(vv, v)
     assert kk.is_contiguous() and vv.is_contiguous() and qq.stride(-1) == 1
+    # Written in the dtype attention runs in (a float32 transformer under a bf16 conv stack).
+    half = tk.rope_kv_cat(qkv, H, Hkv, cos, sin, *((pool_k, pool_v, slots) if pooled else ()), out_dtype=torch.bfloat16)
+    assert [t.dtype for t in half] == [torch.bfloat16] * 3
+    assert all(close(a.float(), b, 1e-2) for a, b in zip(half, (q, k, v)))
     if pooled:
         want_k, want_v = pool_k.clone(), pool_v.clone()
         want_k[slots] = window(k, n_new, W, dim=2)

@@ -164,6 +164,9 @@ def test_half_models_keep_the_low_rate_stages_float32(small64, half):
     assert {p.dtype for m in mixed.low_rate_modules() for p in m.parameters()} == {torch.float32}
     assert mixed.quantizer.table.dtype == torch.float32
     assert {p.dtype for p in mixed.decoder.parameters()} == {half}
+    # Attention runs in the dtype its keys and values are stored in.
+    assert {layer.self_attn.attention_dtype for layer in mixed.pre_transformer.layers} == {half}
+    assert {layer.self_attn.attention_dtype for layer in all_half.pre_transformer.layers} == {None}
     outs = {}
     for name, m in (("mixed", mixed), ("all-half", all_half)):
         engine = StreamEngine(m, max_streams=1)

@@ -204,12 +204,14 @@ def add_rms_norm(x: Tensor, h: Tensor, scale: Tensor, weight: Tensor, eps: float
 def rope_kv_cat(
     qkv: Tensor, n_heads: int, n_kv: int, cos: Tensor, sin: Tensor,
     pool_k: Tensor | None = None, pool_v: Tensor | None = None, slots: Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """From the fused projection ``qkv`` [B, T, (H + 2 Hkv) D] (q, k, v heads in that order) and
     RoPE tables ``cos``/``sin`` [B, T, D]: rotated q [B, H, T, D], and keys (rotated) and values
     [B, Hkv, W + T, D] with the pool's ``W`` history rows of each row's slot first (``pool_*``
     [slots, Hkv, W, D]; no history without a pool). q is a view of [B, T, H, D] memory, keys and
-    values are contiguous: what SDPA takes without copies."""
+    values are contiguous: what SDPA takes without copies. All three in ``out_dtype`` (default
+    ``qkv``'s)."""
     B, T, E = qkv.shape
     D = E // (n_heads + 2 * n_kv)
     W = pool_k.shape[2] if pool_k is not None else 0
@@ -219,14 +221,15 @@ def rope_kv_cat(
         if pool_k is not None:
             k = torch.cat([pool_k.index_select(0, slots).to(k.dtype), k], dim=2)
             v = torch.cat([pool_v.index_select(0, slots).to(v.dtype), v], dim=2)
-        return q, k, v
+        out_dtype = out_dtype or qkv.dtype
+        return q.to(out_dtype), k.to(out_dtype), v.to(out_dtype)
     if qkv.stride(-1) != 1:
         qkv = qkv.contiguous()
     cos, sin = cos.contiguous(), sin.contiguous()
     if pool_k is not None:
         pool_k, pool_v = pool_k.contiguous(), pool_v.contiguous()  # the pool's are: no copy
-    q = qkv.new_empty(B, T, n_heads, D)
-    k = qkv.new_empty(B, n_kv, W + T, D)
+    q = qkv.new_empty(B, T, n_heads, D, dtype=out_dtype)
+    k = qkv.new_empty(B, n_kv, W + T, D, dtype=out_dtype)
     v = torch.empty_like(k)
     block_d = triton.next_power_of_2(D)
     rows = _rows(W + T, block_d)

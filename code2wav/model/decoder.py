@@ -155,14 +155,15 @@ class Decoder(nn.Module):
         Why float32 below the conv stack: on random weights of this architecture, running the
         low-rate stages in float32 raised the bf16 decoder's SNR vs float64 from 26.4 to 30.2 dB
         (CPU, ``bench/bf16_stages.py``) at a few % of the FLOPs; the state pool stays in
-        ``dtype`` (attention keys and values are most of it). On CUDA their matmuls and convs
-        run in TF32 (see ``low_rate_precision``)."""
+        ``dtype`` (attention keys and values are most of it), and attention runs in it. On CUDA
+        their matmuls and convs run in TF32 (see ``low_rate_precision``)."""
         half = dtype in (torch.bfloat16, torch.float16)
         low = low_rate_dtype or (torch.float32 if half else dtype)
         self.fold(low)  # the codebook table from the unrounded weights, in its own dtype
         for m in self.low_rate_modules():
             m.to(device=device, dtype=low)
         self.decoder.to(device=device, dtype=dtype)
+        self.pre_transformer.attend_in(dtype if low != dtype else None)  # in the dtype K/V are kept in
         if device is not None:
             self.to(device=device)  # anything outside both parts follows the device
         return self.eval().requires_grad_(False)

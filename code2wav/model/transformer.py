@@ -68,6 +68,7 @@ class Attention(StreamingLayer):
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
         self.sliding_window = cfg.sliding_window
         self.history = cfg.kv_window
+        self.attention_dtype: torch.dtype | None = None  # SDPA's inputs; None: the input's dtype
         # [q; k; v] weights as one matrix, built by fuse(); derived, so not in the state dict.
         self.register_buffer("qkv_weight", None, persistent=False)
 
@@ -107,8 +108,9 @@ class Attention(StreamingLayer):
         if self.n_kv != self.n_heads:
             k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
             v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim))
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+        ad = self.attention_dtype or x.dtype
+        out = F.scaled_dot_product_attention(q.to(ad), k.to(ad), v.to(ad), attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim))
+        return self.o_proj(out.to(x.dtype).transpose(1, 2).reshape(B, T, -1))
 
     def forward_fused(self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, step: Step | None) -> Tensor:
         """:meth:`forward` after :meth:`fuse`: one GEMM, RoPE + history concat in one kernel, the
@@ -116,16 +118,16 @@ class Attention(StreamingLayer):
         B, T, _ = x.shape
         qkv = F.linear(x, self.qkv_weight)
         if step is None:
-            q, k, v = rope_kv_cat(qkv, self.n_heads, self.n_kv, *rope)
+            q, k, v = rope_kv_cat(qkv, self.n_heads, self.n_kv, *rope, out_dtype=self.attention_dtype)
         else:
             pk, pv = step.pool[f"{self.state_key}.k"], step.pool[f"{self.state_key}.v"]
-            q, k, v = rope_kv_cat(qkv, self.n_heads, self.n_kv, *rope, pk, pv, step.slots)
+            q, k, v = rope_kv_cat(qkv, self.n_heads, self.n_kv, *rope, pk, pv, step.slots, self.attention_dtype)
             kv_write(pk, pv, step.slots, k, v, step.n_new)
         if self.n_kv != self.n_heads:
             k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
             v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim))
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+        return self.o_proj(out.to(x.dtype).transpose(1, 2).reshape(B, T, -1))
 
 
 class MLP(nn.Module):
@@ -180,6 +182,15 @@ class Transformer(nn.Module):
             layer.mlp.fuse()
         return self
 
+    def attend_in(self, dtype: torch.dtype | None) -> Transformer:
+        """Run attention (SDPA) in ``dtype`` whatever the layers' dtype (None: theirs). A half
+        model's float32 transformer attends in the half dtype its keys and values are stored in:
+        on an H200 the float32 attention kernel took 126 us of a 1-frame step against 38 us for
+        bf16's, at no measurable SNR cost (CPU: 30.07 vs 30.10 dB)."""
+        for layer in self.layers:
+            layer.self_attn.attention_dtype = dtype
+        return self
+
     @property
     def is_fused(self) -> bool:
         return all(layer.self_attn.qkv_weight is not None and layer.mlp.gate_up_weight is not None for layer in self.layers)
@@ -203,7 +214,7 @@ class Transformer(nn.Module):
         """The layers' math regrouped so each residual add + layer scale shares a kernel with the
         RMSNorm that follows it (the next layer's input norm, or the final norm)."""
         h = self.input_proj(x)
-        bias = _additive_mask(mask, h.dtype)
+        bias = _additive_mask(mask, self.layers[0].self_attn.attention_dtype or h.dtype)
         layers = list(self.layers)
         n = rms_norm(h, layers[0].input_layernorm.weight, layers[0].input_layernorm.eps)
         for i, layer in enumerate(layers):
