@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -28,7 +29,10 @@ def snr_db(ref: torch.Tensor, x: torch.Tensor) -> float:
     return 10 * torch.log10(ref.pow(2).sum() / (ref - x).pow(2).sum()).item()
 
 
-def main() -> int:
+def setup() -> tuple[Callable[[torch.dtype], Decoder], torch.Tensor]:
+    """The set-up this script and ``bf16_stages.py`` share: ``--frames/--threads/--seed``, random
+    weights of the real architecture, ``load(dtype)`` (the whole decoder in ``dtype``, its
+    low-rate stages too) and the codes."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--frames", type=int, default=12)
     ap.add_argument("--threads", type=int, default=2)
@@ -42,10 +46,14 @@ def main() -> int:
         m = Decoder(cfg)
         m.load_state_dict(weights)
         m.to(torch.float64 if dtype == torch.float64 else torch.float32)
-        m.fold(dtype)
-        return m.to(dtype).eval()
+        return m.to_dtypes(dtype, low_rate_dtype=dtype)
 
-    codes = torch.randint(0, cfg.codebook_size, (1, cfg.num_quantizers, args.frames), generator=torch.Generator().manual_seed(args.seed))
+    g = torch.Generator().manual_seed(args.seed)
+    return load, torch.randint(0, cfg.codebook_size, (1, cfg.num_quantizers, args.frames), generator=g)
+
+
+def main() -> int:
+    load, codes = setup()
     halves = (torch.bfloat16, torch.float16)
     models = {d: load(d) for d in (torch.float64, torch.float32, *halves)}
     with torch.no_grad():

@@ -8,7 +8,6 @@ python bench/bf16_stages.py --frames 12 --threads 2
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -16,11 +15,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bf16_error import snr_db  # noqa: E402
+from bf16_error import setup, snr_db  # noqa: E402
 
-from code2wav.model.config import DecoderConfig  # noqa: E402
 from code2wav.model.decoder import Decoder  # noqa: E402
-from code2wav.model.init import random_decoder  # noqa: E402
 
 STAGES = ("front", "upsample", "conv0", "block1", "block2", "block3", "block4", "out")
 
@@ -40,22 +37,7 @@ def run(models: dict[torch.dtype, Decoder], codes: torch.Tensor, dtypes: dict[st
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--frames", type=int, default=12)
-    ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    cfg = DecoderConfig()
-    weights = random_decoder(cfg).state_dict()
-
-    def load(dtype: torch.dtype) -> Decoder:
-        m = Decoder(cfg)
-        m.load_state_dict(weights)
-        m.to(torch.float64 if dtype == torch.float64 else torch.float32)
-        m.fold(dtype)
-        return m.to(dtype).eval()
-
-    codes = torch.randint(0, cfg.codebook_size, (1, cfg.num_quantizers, args.frames), generator=torch.Generator().manual_seed(0))
+    load, codes = setup()
     bf, f32 = torch.bfloat16, torch.float32
     models = {d: load(d) for d in (torch.float64, f32, bf)}
     with torch.no_grad():

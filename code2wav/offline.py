@@ -49,10 +49,9 @@ def decode(
 
 
 def _decode_exact(model: Decoder, batch: Tensor, lens: Tensor, chunk: int, progress) -> Tensor:
-    p = next(model.parameters())
     B, _, F = batch.shape
     spf = model.config.samples_per_frame
-    out = torch.zeros(B, F * spf, dtype=p.dtype)
+    out = torch.zeros(B, F * spf, dtype=model.dtype)
     pool = StatePool(model, max_streams=max(B, 1))  # item b lives in slot b
     for s in range(0, F, chunk):
         n_new = (lens - s).clamp(0, chunk)
@@ -79,4 +78,4 @@ def _decode_official(model: Decoder, batch: Tensor, progress) -> Tensor:
         pieces.append(wav[:, ctx * spf :])
         if progress:
             progress(end - start)
-    return torch.cat(pieces, dim=-1) if pieces else torch.zeros(batch.shape[0], 0, dtype=p.dtype)
+    return torch.cat(pieces, dim=-1) if pieces else torch.zeros(batch.shape[0], 0, dtype=model.dtype)
