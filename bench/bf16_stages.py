@@ -22,14 +22,17 @@ from code2wav.model.decoder import Decoder  # noqa: E402
 STAGES = ("front", "upsample", "conv0", "block1", "block2", "block3", "block4", "out")
 
 
-def run(models: dict[torch.dtype, Decoder], codes: torch.Tensor, dtypes: dict[str, torch.dtype]) -> torch.Tensor:
-    """The forward with each stage in its own dtype (activations cast at stage edges)."""
+def run(models: dict[torch.dtype, Decoder], codes: torch.Tensor, dtypes: dict[str, torch.dtype], upto: str = "out") -> torch.Tensor:
+    """The forward with each stage in its own dtype (activations cast at stage edges), up to and
+    including stage ``upto``."""
     m = models[dtypes["front"]]
     h = m.front(codes)
     d = dtypes["upsample"]
     h = h.to(d)
     for convt, block in models[d].upsample:
         h = block(convt(h))
+    if upto == "upsample":
+        return h
     for i, name in enumerate(("conv0", "block1", "block2", "block3", "block4")):
         h = models[dtypes[name]].decoder[i](h.to(dtypes[name]))
     out = models[dtypes["out"]].decoder
@@ -49,6 +52,16 @@ def main() -> int:
             upto = run(models, codes, {s: f32 if j <= i else bf for j, s in enumerate(STAGES)})[0, 0]
             print(f"{name:<10}{snr_db(ref, only):>14.1f}{snr_db(ref, but):>17.1f}{snr_db(ref, upto):>24.1f}", flush=True)
         print(f"all bf16: {snr_db(ref, run(models, codes, dict.fromkeys(STAGES, bf))[0, 0]):.1f} dB")
+        # What float32 there costs in work: the low-rate stages' share of the forward's FLOPs.
+        from torch.utils.flop_counter import FlopCounterMode
+
+        m, counts = models[f32], []
+        for part in (lambda: run(models, codes, {s: f32 if s in ("front", "upsample") else None for s in STAGES}, upto="upsample"),
+                     lambda: m(codes)):
+            with FlopCounterMode(display=False) as fc:
+                part()
+            counts.append(fc.get_total_flops())
+        print(f"front + upsample: {counts[0] / counts[1] * 100:.1f} % of the FLOPs ({counts[1] / codes.shape[-1] / 1e9:.2f} GFLOP per frame)")
     return 0
 
 
