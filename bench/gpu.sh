@@ -26,9 +26,9 @@
 #                              cuDNN's default and full algorithm search (no graphs)   [~20 s a shape]
 #   bash bench/gpu.sh session6 quick checks; step profile with the dilated convs folded (default)
 #                              and none (run 4 of session 6 also timed all: fold=all);
-#                              sustained load at the defaults, prefix 0 and 72           [~500 s]
+#                              sustained load at the defaults, prefix 0 and 72           [~320 s]
 #   bash bench/gpu.sh lowrate  quick checks (bf16 SNR with the low-rate stages in float32); sustained
-#                              load at c=1/64/256                                       [~150 s]
+#                              load at c=1/64/256                                       [~180 s]
 #   bash bench/gpu.sh offline64  fp32 batch-64 offline, ours vs official, cuDNN heuristics [~60 s]
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"

@@ -102,7 +102,8 @@ class StreamEngine:
         self.group_by_size = group_by_size
         # With nothing on the GPU, a group that takes every ready row leaves the GPU idle while
         # its audio is delivered and its streams push again; as two halves, the second runs
-        # meanwhile. Off by default until measured (bench --split-lone-group is the A/B).
+        # meanwhile. Off: on an H200 it gave +2 % at c=16, within the spread between runs
+        # (BENCHMARKS.md, sixth round; bench --split-lone-group is the A/B).
         self.split_lone_group = split_lone_group
         p = next(model.parameters())
         self.device, self.dtype = p.device, model.dtype  # the audio's dtype (the conv stack's)
