@@ -8,6 +8,7 @@ so one reference forward serves every (prefix, length) pair cut from the same co
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import random
 
@@ -177,6 +178,24 @@ def test_half_models_keep_the_low_rate_stages_float32(small64, half):
     snr = {name: snr_db(expect, out) for name, out in outs.items()}
     assert snr["mixed"] >= snr["all-half"] + 1.0, snr
     assert StreamEngine(mixed, max_streams=1).pool.bytes_per_stream == StreamEngine(all_half, max_streams=1).pool.bytes_per_stream
+
+
+def test_tf32_is_scoped_to_the_low_rate_stages():
+    """TF32 is switched on only around a half model's float32 low-rate stages on CUDA, and the
+    previous settings come back, even after an error: float32 models rely on TF32 being off."""
+    from code2wav.model import decoder
+
+    assert isinstance(model(SMALL, torch.bfloat16).low_rate_precision(), contextlib.nullcontext)  # CPU
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        with pytest.raises(RuntimeError, match="inside"):
+            with decoder._tf32():
+                assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+                raise RuntimeError("inside")
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
 
 
 def test_many_streams_in_one_batch_equal_each_alone(small64):
