@@ -45,7 +45,6 @@ def setup() -> tuple[Callable[[torch.dtype], Decoder], torch.Tensor]:
     def load(dtype: torch.dtype) -> Decoder:
         m = Decoder(cfg)
         m.load_state_dict(weights)
-        m.to(torch.float64 if dtype == torch.float64 else torch.float32)
         return m.to_dtypes(dtype, low_rate_dtype=dtype)
 
     g = torch.Generator().manual_seed(args.seed)

@@ -30,7 +30,6 @@ def load(weights: dict, dtype: torch.dtype, device: str, low_rate_dtype: torch.d
     configure_cuda(dtype)
     m = Decoder(DecoderConfig())
     m.load_state_dict(weights)
-    m.to(torch.float64 if dtype == torch.float64 else torch.float32)
     m.to_dtypes(dtype, device, low_rate_dtype)
     return m.channels_last() if device.startswith("cuda") else m
 

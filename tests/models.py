@@ -39,7 +39,6 @@ def model(cfg: DecoderConfig = SMALL, dtype: torch.dtype = torch.float64, seed: 
     conv stack in ``low_rate_dtype`` (``Decoder.to_dtypes``' default: float32 under half types)."""
     m = Decoder(cfg)
     m.load_state_dict(_weights(cfg, seed))
-    m.to(torch.float64 if dtype == torch.float64 else torch.float32)
     return m.to_dtypes(dtype, low_rate_dtype=low_rate_dtype)
 
 

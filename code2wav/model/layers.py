@@ -57,17 +57,19 @@ class CausalConv1d(StreamingLayer):
         the history concat."""
         bias = self.conv.bias if add_bias else None
         d, L = self.conv.dilation[0], x.shape[-1]
-        if self.conv.out_channels == 1 and add_bias:  # the output conv: cuDNN is slow for one channel
-            return mono_conv(self._with_history(x, step, act, act_bias), self.conv.weight, bias, d)
+        mono = self.conv.out_channels == 1 and add_bias  # the output conv: cuDNN is slow for one channel
+        folded = (not mono and self.conv.groups == 1 and self.history > 0
+                  and (self.fold == "all" or (self.fold == "dilated" and d > 1 and len(x) > 1)))
+        xx = self._with_history(x, step, act, act_bias, multiple=d if folded else 1)
+        if mono:
+            return mono_conv(xx, self.conv.weight, bias, d)
         # As 2-D convs: torch's conv1d picks its memory format from the 3-D tensors (always
         # contiguous) and would copy channels-last activations on every call.
-        if self.conv.groups == 1 and self.history and (self.fold == "all" or (self.fold == "dilated" and d > 1 and len(x) > 1)):
-            xx = self._with_history(x, step, act, act_bias, multiple=d)
+        if folded:
             y = F.conv2d(xx.unflatten(-1, (xx.shape[-1] // d, d)), self.conv.weight.unsqueeze(-1), bias)
             return y.flatten(2)[..., :L]
-        x = self._with_history(x, step, act, act_bias)
         w = self.conv.weight.unsqueeze(2)
-        return F.conv2d(x.unsqueeze(2), w, bias, dilation=(1, d), groups=self.conv.groups).squeeze(2)
+        return F.conv2d(xx.unsqueeze(2), w, bias, dilation=(1, d), groups=self.conv.groups).squeeze(2)
 
 
 class CausalConvTranspose1d(StreamingLayer):

@@ -139,10 +139,8 @@ def load_decoder(
                 more = f" (+{len(items) - 20} more)" if len(items) > 20 else ""
                 lines.append(f"  {title} ({len(items)}): {shown}{more}")
         raise CheckpointError("\n".join(lines))
-    # Fold in float64 from the stored weights, then cast once to the compute dtype.
-    work_dtype = torch.float64 if torch.float64 in (dtype, low_rate_dtype) else torch.float32
-    model.load_state_dict({k: v.to(work_dtype) for k, v in tensors.items()}, strict=True, assign=True)
-    model.to(work_dtype)
+    # The stored weights as they are; to_dtypes folds in float64 and casts once to each dtype.
+    model.load_state_dict(tensors, strict=True, assign=True)
     model.to_dtypes(dtype, device, low_rate_dtype)
     if torch.device(device).type == "cuda":
         configure_cuda(dtype)
