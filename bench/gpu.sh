@@ -29,6 +29,8 @@
 #                              sustained load at the defaults, prefix 0 and 72           [~320 s]
 #   bash bench/gpu.sh lowrate  quick checks (bf16 SNR with the low-rate stages in float32); sustained
 #                              load at c=1/64/256                                       [~180 s]
+#   bash bench/gpu.sh session7 quick checks; a lone stream's first packet leg by leg; sustained load
+#                              at c=1/16/64/256                                        [~330 s]
 #   bash bench/gpu.sh offline64  fp32 batch-64 offline, ours vs official, cuDNN heuristics [~60 s]
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -151,6 +153,12 @@ lowrate)  # the low-rate stages in float32 (TF32) under bf16: checks (SNR), sust
   timeout 110 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
   timeout 150 python3 -m code2wav.bench --modes exact-graph --levels 1,64,256 --seconds 3 --out /tmp/bench 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/sustained.txt"
   echo "=== summary ==="; checks_summary; grep -A6 "^mode" "$OUT/sustained.txt"
+  ;;
+session7)  # the default (float32 low-rate stages) after one-copy graph inputs and divisor channel tiles
+  timeout 130 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
+  timeout 90 python3 bench/first_packet.py 300 2>&1 | tee "$OUT/first_packet.txt"
+  timeout 200 python3 -m code2wav.bench --modes exact-graph --levels 1,16,64,256 --seconds 3 --out /tmp/bench 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/sustained.txt"
+  echo "=== summary ==="; checks_summary; tail -n 8 "$OUT/first_packet.txt"; grep -A6 "^mode" "$OUT/sustained.txt"
   ;;
 offline64)
   python3 bench/offline.py --device cuda --dtypes float32 --batches 64 --frames 125 --repeat 2 --no-autotune 2>&1 | tee "$OUT/offline_fp32_b64.txt"

@@ -558,6 +558,20 @@ def test_pick_bucket_takes_least_padded_work(batch, frames, expect):
     assert pick_bucket(buckets, batch, frames) == expect
 
 
+def test_packed_graph_inputs_view_one_buffer_set_to_an_empty_step():
+    """A graph's step inputs are views of one int64 buffer (so a step goes up in one copy):
+    codes [b, q, t], slots [b], n_new [b], disjoint and covering it; before the real rows are
+    written, every row is a scratch row with zero codes and no new frames."""
+    from code2wav.engine.graphs import packed_inputs
+
+    buf, codes, slots, n_new = packed_inputs(3, 5, scratch_slot=7, q=16)
+    assert buf.dtype == torch.long and buf.numel() == 3 * 16 * 5 + 2 * 3
+    assert codes.shape == (3, 16, 5) and slots.shape == n_new.shape == (3,)
+    assert codes.abs().sum() == 0 and slots.tolist() == [7, 7, 7] and n_new.tolist() == [0, 0, 0]
+    codes[2, 15, 4], slots[0], n_new[2] = 2047, 1, 5  # writes through the views land in the buffer
+    assert buf[3 * 16 * 5 - 1] == 2047 and buf[3 * 16 * 5] == 1 and buf[-1] == 5
+
+
 def test_rows_grouped_under_the_frame_budget():
     take = {0: 25, 1: 1, 2: 25, 3: 25, 4: 3}
     budget = lambda frames: max(1, 50 // frames)  # noqa: E731

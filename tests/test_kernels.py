@@ -123,6 +123,15 @@ def test_history_cat_and_write_match_eager(layout, act, pooled, multiple):
         assert close(pool, want)
 
 
+def test_channels_last_tiles_divide_the_channels_where_they_can(monkeypatch):
+    """A channels-last tile spans a power of two of channels that divides C where one of 16 or
+    more does, so no channel tile is partly masked (96 channels: three of 32); other counts
+    round up to a power of two. Both are capped."""
+    monkeypatch.setattr(snake, "MAX_TILE_EDGE", (256, 64))
+    assert [snake.tile_shape(c, 1000, True)[1] for c in (96, 192, 384, 1536, 48, 5, 11, 8)] == [32, 64, 64, 64, 16, 8, 16, 8]
+    assert snake.tile_shape(96, 1000, True) == (snake.BLOCK // 32, 32)
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dilation", [1, 3])
 def test_mono_conv_matches_conv1d(layout, dilation):

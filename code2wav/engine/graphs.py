@@ -68,6 +68,19 @@ class _Graph:
     graph: torch.cuda.CUDAGraph
     inputs: tuple[Tensor, ...]  # static: (codes or hidden frames, slots, n_new)
     out: Tensor
+    packed: Tensor | None = None  # step graphs: one int64 buffer that codes, slots and n_new view
+
+
+def packed_inputs(b: int, t: int, scratch_slot: int, device: torch.device | str | None = None,
+                  pin_memory: bool = False, q: int = 16) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """One int64 buffer holding a (b, t) step's codes [b, q, t], slots [b] and n_new [b], and
+    those three views of it, set to an empty step (zero codes, scratch slots, no new frames).
+    A step's inputs then go up in one copy, not six small ops before every replay."""
+    n = b * q * t
+    buf = torch.zeros(n + 2 * b, dtype=torch.long, device=device, pin_memory=pin_memory)
+    codes, slots, n_new = buf[:n].view(b, q, t), buf[n : n + b], buf[n + b :]
+    slots.fill_(scratch_slot)
+    return buf, codes, slots, n_new
 
 
 class GraphRunner:
@@ -104,8 +117,9 @@ class GraphRunner:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         for b, t in sorted(self.buckets, key=lambda bt: -bt[0] * bt[1]):
-            codes = torch.zeros(b, q, t, dtype=torch.long, device=self.device)
-            self.graphs[(b, t)] = self._capture(stream, self.pool.run, codes)
+            packed, codes, slots, n_new = packed_inputs(b, t, self.pool.scratch_slot, self.device, q=q)
+            self.graphs[(b, t)] = self._capture(stream, self.pool.run, codes, slots, n_new)
+            self.graphs[(b, t)].packed = packed
         for kind, b, t in prefill_shapes:
             if kind == "front":
                 x = torch.zeros(b, q, t, dtype=torch.long, device=self.device)
@@ -116,12 +130,13 @@ class GraphRunner:
         torch.cuda.synchronize()
         self.pool_bytes = self.memory_bytes()
 
-    def _capture(self, stream: torch.cuda.Stream, fn, x: Tensor) -> _Graph:
+    def _capture(self, stream: torch.cuda.Stream, fn, x: Tensor, slots: Tensor | None = None, n_new: Tensor | None = None) -> _Graph:
         """A graph of ``fn(model, x, slots, n_new)`` on scratch rows with no new frames (so the
         warm-up and capture runs change no stream's state)."""
         b = x.shape[0]
-        slots = torch.full((b,), self.pool.scratch_slot, dtype=torch.long, device=self.device)
-        n_new = torch.zeros(b, dtype=torch.long, device=self.device)
+        if slots is None:
+            slots = torch.full((b,), self.pool.scratch_slot, dtype=torch.long, device=self.device)
+            n_new = torch.zeros(b, dtype=torch.long, device=self.device)
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up: kernels compiled, cuDNN tuned, allocator primed
                 fn(self.model, x, slots, n_new)
@@ -143,13 +158,19 @@ class GraphRunner:
             self.fallbacks[reason] += 1
             return self.pool.run(self.model, codes, slots, n_new)
         g = self.graphs[shape]
-        codes_in, slots_in, n_in = g.inputs
-        codes_in.zero_()
-        codes_in[:B, :, :T].copy_(codes, non_blocking=True)
-        slots_in.fill_(self.pool.scratch_slot)
-        slots_in[:B].copy_(slots, non_blocking=True)
-        n_in.zero_()
-        n_in[:B].copy_(n_new, non_blocking=True)
+        if codes.is_cuda:  # device inputs (the bench's profiles): the graph's own, reset in place
+            host, (codes_in, slots_in, n_in) = None, g.inputs
+            codes_in.zero_()
+            slots_in.fill_(self.pool.scratch_slot)
+            n_in.zero_()
+        else:  # the engine's host inputs: padded on the host, then one copy up (the caching host
+            #    allocator keeps the pinned buffer until that copy has run)
+            host, codes_in, slots_in, n_in = packed_inputs(*shape, self.pool.scratch_slot, pin_memory=True, q=codes.shape[1])
+        codes_in[:B, :, :T].copy_(codes)
+        slots_in[:B].copy_(slots)
+        n_in[:B].copy_(n_new)
+        if host is not None:
+            g.packed.copy_(host, non_blocking=True)
         g.graph.replay()
         self.hits += 1
         self.frames += int(n_new.sum())  # n_new is on the host: no sync

@@ -85,7 +85,7 @@ def history_cat(x: Tensor, history: int, pool: Tensor | None = None, slots: Tens
         bias if bias is not None else dummy, C, history, T, T_out, *out.stride(), *x.stride(),
         *(pool.stride() if pool is not None else (0, 0, 0)),
         HAS_POOL=pool is not None, HAS_ACT=act is not None, HAS_BIAS=bias is not None, FAST_SIN=fast_sin(x),
-        BLOCK_L=bl, BLOCK_C=bc,
+        BLOCK_L=bl, BLOCK_C=bc, num_warps=snake.NUM_WARPS,
     )
     return out
 
@@ -109,5 +109,5 @@ def history_write(pool: Tensor, slots: Tensor, xx: Tensor, n_new: Tensor, rate: 
     B, C, _ = xx.shape
     bl, bc = tile_shape(C, history, is_channels_last(xx))
     _history_write_kernel[(triton.cdiv(history, bl), triton.cdiv(C, bc), B)](
-        pool, slots, n_new, xx, C, history, *xx.stride(), *pool.stride(), rate, BLOCK_L=bl, BLOCK_C=bc
+        pool, slots, n_new, xx, C, history, *xx.stride(), *pool.stride(), rate, BLOCK_L=bl, BLOCK_C=bc, num_warps=snake.NUM_WARPS
     )

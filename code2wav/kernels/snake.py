@@ -23,6 +23,7 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 BLOCK = 2048  # elements per program (tests raise it: Triton's CPU interpreter pays per program)
+NUM_WARPS = 4  # per program of the elementwise kernels here and in history.py
 
 
 def fused(x: Tensor) -> bool:
@@ -70,7 +71,11 @@ def tile_shape(C: int, L: int, channels_last: bool) -> tuple[int, int]:
     the axis that is contiguous in memory so loads and stores coalesce."""
     max_l, max_c = MAX_TILE_EDGE
     if channels_last:
-        bc = min(triton.next_power_of_2(C), max_c)
+        # Tiles that divide C where a power of two >= 16 does: 96 channels as three 32-wide
+        # tiles, not two 64-wide ones with half of the second masked (the 96-channel history
+        # concat at 16 x 25 frames: 127 -> 102 us on an H200, bench/mem_kernels.py).
+        exact = C & -C
+        bc = min(exact if exact >= 16 else triton.next_power_of_2(C), max_c)
         return max(BLOCK // bc, 2), bc
     bl = max(min(triton.next_power_of_2(L), max_l), 2)
     return bl, max(BLOCK // bl, 2)
@@ -149,7 +154,7 @@ def snake_beta(x: Tensor, alpha: Tensor, beta: Tensor, bias: Tensor | None = Non
     bl, bc = tile_shape(C, L, cl)
     _snake_kernel[_grid(B, C, L, bl, bc)](
         x, y, alpha, beta, bias if bias is not None else alpha, C, L, *x.stride(), *y.stride(),
-        HAS_BIAS=bias is not None, FAST_SIN=fast_sin(x), BLOCK_L=bl, BLOCK_C=bc,
+        HAS_BIAS=bias is not None, FAST_SIN=fast_sin(x), BLOCK_L=bl, BLOCK_C=bc, num_warps=NUM_WARPS,
     )
     return y
 
@@ -163,7 +168,7 @@ def residual_add(x: Tensor, h: Tensor, bias: Tensor) -> Tensor:
     cl = is_channels_last(x)
     y = empty_time(x, L, cl)
     bl, bc = tile_shape(C, L, cl)
-    _residual_kernel[_grid(B, C, L, bl, bc)](x, h, bias, y, C, L, *x.stride(), *h.stride(), *y.stride(), HAS_X=True, BLOCK_L=bl, BLOCK_C=bc)
+    _residual_kernel[_grid(B, C, L, bl, bc)](x, h, bias, y, C, L, *x.stride(), *h.stride(), *y.stride(), HAS_X=True, BLOCK_L=bl, BLOCK_C=bc, num_warps=NUM_WARPS)
     return y
 
 
@@ -177,5 +182,5 @@ def bias_add(h: Tensor, bias: Tensor) -> Tensor:
     cl = h.stride(1) == 1 and C > 1
     y = empty_time(h, L, cl)
     bl, bc = tile_shape(C, L, cl)
-    _residual_kernel[_grid(B, C, L, bl, bc)](h, h, bias, y, C, L, *h.stride(), *h.stride(), *y.stride(), HAS_X=False, BLOCK_L=bl, BLOCK_C=bc)
+    _residual_kernel[_grid(B, C, L, bl, bc)](h, h, bias, y, C, L, *h.stride(), *h.stride(), *y.stride(), HAS_X=False, BLOCK_L=bl, BLOCK_C=bc, num_warps=NUM_WARPS)
     return y
