@@ -2,11 +2,14 @@
 through the async engine (graphs of the 1- and 25-frame steps only, so capture is quick), and
 each push is stamped at submit, step entry, runner entry, replay launched, audio handed over on
 the worker, and the future resolved on the event loop. Prints the medians of each leg and the
-step's GPU time. argv: [pushes, default 300] [dtype, default bfloat16]."""
+step's GPU time. argv: [pushes, default 300] [dtype, default bfloat16] ["profile": cProfile the
+worker's steps and print their costliest calls]."""
 
 from __future__ import annotations
 
 import asyncio
+import cProfile
+import pstats
 import statistics
 import sys
 import time
@@ -22,6 +25,7 @@ from code2wav.stream.engine import StreamEngine
 def main() -> int:
     pushes = int(sys.argv[1]) if len(sys.argv) > 1 else 300
     dtype = getattr(torch, sys.argv[2] if len(sys.argv) > 2 else "bfloat16")
+    profiler = cProfile.Profile() if "profile" in sys.argv[3:] else None
     use_expandable_segments()
     configure_cuda(dtype)
     model = load_decoder(None, device="cuda", dtype=dtype)
@@ -45,7 +49,13 @@ def main() -> int:
         def ready(rid, res):
             marks["handed over"] = time.perf_counter()
             on_ready(rid, res)
-        return stamp("step", real_step)(chunks, ready, more)
+        if profiler is not None:
+            profiler.enable()  # on the worker thread: profiles the step alone
+        try:
+            return stamp("step", real_step)(chunks, ready, more)
+        finally:
+            if profiler is not None:
+                profiler.disable()
 
     core.step = step
     core.runner = stamp("runner", runner)
@@ -75,6 +85,8 @@ def main() -> int:
     print(f"{dtype}, low-rate stages {model.low_rate_dtype}; medians over {len(warm)} first packets, us")
     for name, col in zip(names, zip(*warm)):
         print(f"{name:>28} {statistics.median(col) * 1e6:8.1f}")
+    if profiler is not None:
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
     return 0
 
 

@@ -31,6 +31,8 @@
 #                              load at c=1/64/256                                       [~180 s]
 #   bash bench/gpu.sh session7 quick checks; a lone stream's first packet leg by leg; sustained load
 #                              at c=1/16/64/256                                        [~330 s]
+#   bash bench/gpu.sh targets  every GPU-engine target: quick checks, the first packet leg by leg,
+#                              exact-graph vs windowed under sustained load, prefix 0/72  [~330 s]
 #   bash bench/gpu.sh offline64  fp32 batch-64 offline, ours vs official, cuDNN heuristics [~60 s]
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -159,6 +161,13 @@ session7)  # the default (float32 low-rate stages) after one-copy graph inputs a
   timeout 90 python3 bench/first_packet.py 300 2>&1 | tee "$OUT/first_packet.txt"
   timeout 200 python3 -m code2wav.bench --modes exact-graph --levels 1,16,64,256 --seconds 3 --out /tmp/bench 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/sustained.txt"
   echo "=== summary ==="; checks_summary; tail -n 8 "$OUT/first_packet.txt"; grep -A6 "^mode" "$OUT/sustained.txt"
+  ;;
+targets)  # every issue-4 target in one call: checks (SNR, exactness), first packet leg by leg,
+  #          exact-graph and windowed side by side under sustained load, prefix 0 and 72
+  timeout 130 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
+  timeout 90 python3 bench/first_packet.py 300 2>&1 | tee "$OUT/first_packet.txt"
+  timeout 300 python3 -m code2wav.bench --modes exact-graph,windowed --levels 1,16,64,256 --prefix 0,72 --seconds 3 --out "$OUT/bench" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/sustained.txt"
+  echo "=== summary ==="; checks_summary; tail -n 8 "$OUT/first_packet.txt"; grep -A18 "^mode" "$OUT/sustained.txt"
   ;;
 offline64)
   python3 bench/offline.py --device cuda --dtypes float32 --batches 64 --frames 125 --repeat 2 --no-autotune 2>&1 | tee "$OUT/offline_fp32_b64.txt"
