@@ -206,10 +206,15 @@ def run(
     group_by_size: bool = True,
     split_lone_group: bool = False,
     pace: float = 0.0,
+    warm_eager: bool | None = None,
 ) -> list[Result]:
+    """``warm_eager`` (default: on CUDA): eager modes run each level's workload once untimed
+    before the timed run, so that the first call of every new shape (cuDNN's plan for it, say)
+    is not inside their timings; graphs meet their shapes at capture."""
     schedule = schedule or [1, 25]
     max_batch_frames = max_batch_frames or default_batch_frames()
     cuda = next(model.parameters()).is_cuda
+    warm_eager = cuda if warm_eager is None else warm_eager
     weights_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
     results: list[Result] = []
     from tqdm import tqdm
@@ -231,6 +236,8 @@ def run(
             # One untimed warm-up run per engine and prefix (allocator, cudnn autotune, lazy init).
             asyncio.run(_workload(core, min(4, max(levels)), min(frames, 30), schedule, prefix_frames, 0.0, seed=99))
             for c in levels:
+                if warm_eager and mode != "exact-graph":  # the same workload, other stream ids
+                    asyncio.run(_workload(core, c, frames, schedule, prefix_frames, stagger_s, seed=c + 1000, seconds=seconds, pace=pace))
                 if cuda:
                     torch.cuda.synchronize()
                     torch.cuda.reset_peak_memory_stats()
@@ -342,6 +349,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="padded frames per batched forward; sets the graph pool size (default: 480 with the allocator's "
                         "expandable segments, which code2wav turns on unless PYTORCH_CUDA_ALLOC_CONF is set, else 256; "
                         "bf16 H200: 762 / 1014 MiB)")
+    p.add_argument("--warm-eager", action=argparse.BooleanOptionalAction, default=None,
+                   help="run each level of the eager modes once untimed first (default: on CUDA, where every "
+                        "new shape's first call costs cuDNN plan building)")
     p.add_argument("--out", default="bench-out", help="directory for results.json and plot.png")
     p.add_argument("--server", default=None, help="measure a running code2wav serve at this URL instead (TTFP at the client)")
     p.add_argument("--api-key", default=None, help="bearer token for --server")
@@ -388,12 +398,13 @@ def main(args: argparse.Namespace) -> int:
     results: list[Result] = []
     prefixes = tuple(int(x) for x in args.prefix.split(","))
     results += run(model, modes, levels, args.frames, chunks, prefixes, args.stagger_ms / 1e3, args.max_batch_frames, seconds=args.seconds,
-                   group_by_size=args.group_by_size, split_lone_group=args.split_lone_group, pace=args.pace)
+                   group_by_size=args.group_by_size, split_lone_group=args.split_lone_group, pace=args.pace, warm_eager=args.warm_eager)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu", "dtype": args.dtype, "low_rate_dtype": str(model.low_rate_dtype).removeprefix("torch."), "torch": torch.__version__,
             "channels_last": args.channels_last, "max_batch_frames": args.max_batch_frames, "sustained_s": args.seconds,
-            "group_by_size": args.group_by_size, "split_lone_group": args.split_lone_group, "pace": args.pace}
+            "group_by_size": args.group_by_size, "split_lone_group": args.split_lone_group, "pace": args.pace,
+            "warm_eager": args.warm_eager if args.warm_eager is not None else args.device.startswith("cuda")}
     (out / "results.json").write_text(json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=2))
     plot(results, out / "plot.png")
     print(table(results))

@@ -606,6 +606,28 @@ def test_bench_command_reports_every_mode_and_level(tmp_path, capsys):
     assert "exact-eager" in capsys.readouterr().out
 
 
+def test_bench_runs_eager_levels_warm_when_asked(m, monkeypatch):
+    """``warm_eager``: an eager mode runs each level's workload once untimed (other stream ids,
+    the same concurrency and schedule) right before the timed run, and reports the timed run
+    alone; without it each level runs once."""
+    from code2wav import bench
+
+    calls = []
+    real = bench._workload
+
+    async def recorded(core, c, frames, schedule, prefix, stagger, seed, **kw):
+        calls.append((c, seed))
+        return await real(core, c, frames, schedule, prefix, stagger, seed, **kw)
+
+    monkeypatch.setattr(bench, "_workload", recorded)
+    res = bench.run(m, ["windowed"], [1, 3], frames=3, schedule=[1, 2], stagger_s=0.0, max_batch_frames=32, progress=False, warm_eager=True)
+    assert calls[1:] == [(1, 1001), (1, 1), (3, 1003), (3, 3)]  # after the engine's short warm-up
+    assert [r.audio_s for r in res] == pytest.approx([c * 3 * SPF / 24000 for c in (1, 3)])  # the timed runs' audio only
+    calls.clear()
+    bench.run(m, ["windowed"], [1, 3], frames=3, schedule=[1, 2], stagger_s=0.0, max_batch_frames=32, progress=False)
+    assert calls[1:] == [(1, 1), (3, 3)]  # on CPU the default is off
+
+
 def test_bench_sustained_load_measures_a_window(m):
     """``--seconds``: every worker opens stream after stream; only the window after all workers
     started is measured, so the audio counted is what completed in it, and more streams than

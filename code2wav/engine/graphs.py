@@ -87,8 +87,6 @@ class GraphRunner:
     """Drop-in ``StreamEngine.runner`` that replays captured graphs (and, for the engine's
     batched prefill, graphs of the front and back halves alone)."""
 
-    pads_on_host = True  # takes pageable host inputs: it pads them into its own pinned buffer
-
     def __init__(
         self,
         model: Decoder,
@@ -158,8 +156,6 @@ class GraphRunner:
             reason = "stream capture active"
         if reason is not None:  # eager, counted
             self.fallbacks[reason] += 1
-            if not codes.is_cuda:  # pinned, so that the copies up stay asynchronous
-                codes, slots, n_new = (t.pin_memory() for t in (codes, slots, n_new))
             return self.pool.run(self.model, codes, slots, n_new)
         g = self.graphs[shape]
         if codes.is_cuda:  # device inputs (the bench's profiles): the graph's own, reset in place

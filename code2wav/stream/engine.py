@@ -310,8 +310,6 @@ class StreamEngine:
         delivered as soon as its copy lands, and ``more`` is asked for new rows in between."""
         spf = self.cfg.samples_per_frame
         pin = self.device.type == "cuda"
-        stream = torch.cuda.current_stream(self.device) if pin else None  # looked up once, not per event
-        host_padding = getattr(self.runner, "pads_on_host", False)  # it stages the inputs itself
         piece = min(self.max_step_frames, getattr(self.runner, "max_frames", None) or self.max_step_frames)
         queue: deque[_Row] = deque()
 
@@ -354,17 +352,22 @@ class StreamEngine:
             halved = split
             if group:
                 n = [r.next_piece(piece) for r in group]
-                codes, slots, n_new = self._host_inputs(group, n, pin and not host_padding)
+                # [B, max n, Q] zero-padded in one call, then laid out [B, Q, T] (pinned on CUDA)
+                padded = pad_sequence([r.frames[r.done : r.done + k] for r, k in zip(group, n)], batch_first=True)
+                codes = torch.empty(padded.shape[0], padded.shape[2], padded.shape[1], dtype=torch.long, pin_memory=pin)
+                codes.copy_(padded.transpose(1, 2))
+                meta = torch.tensor([[r.stream.slot for r in group], n])
+                slots, n_new = (meta.pin_memory() if pin else meta).unbind(0)
                 if pin:
                     start = torch.cuda.Event(enable_timing=True)
-                    start.record(stream)
+                    start.record()
                 else:
                     start = time.perf_counter()
                 wav = self.runner(codes, slots, n_new)
                 if pin:
                     wav = torch.empty(wav.shape, dtype=wav.dtype, pin_memory=True).copy_(wav, non_blocking=True)
                     end = torch.cuda.Event(enable_timing=True)
-                    end.record(stream)
+                    end.record()
                 else:
                     end = time.perf_counter()
                 complete, left = [], []
@@ -377,19 +380,6 @@ class StreamEngine:
             # On CUDA one group stays queued on the GPU while the one before it is delivered.
             if landed and (not pin or len(landed) > 1 or not group):
                 land()
-
-    @staticmethod
-    def _host_inputs(group: "list[_Row]", n: list[int], pin: bool) -> tuple[Tensor, Tensor, Tensor]:
-        """A group's (codes [B, Q, max n] zero-padded, slots [B], n_new [B]) on the host; pinned
-        where the runner copies them up as they are (an asynchronous copy needs pinned memory)."""
-        frames = [r.frames[r.done : r.done + k] for r, k in zip(group, n)]
-        meta = torch.tensor([[r.stream.slot for r in group], n])
-        if not pin and len(group) == 1:  # a lone row needs no padding: a view
-            return frames[0].T[None], *meta.unbind(0)
-        padded = pad_sequence(frames, batch_first=True)  # [B, max n, Q] in one call
-        codes = torch.empty(padded.shape[0], padded.shape[2], padded.shape[1], dtype=torch.long, pin_memory=pin)
-        codes.copy_(padded.transpose(1, 2))
-        return codes, *(meta.pin_memory() if pin else meta).unbind(0)
 
     def _next_group(self, queue: "deque[_Row]", piece: int, deliver: Callable[["_Stream", str, "Tensor | Exception"], None]) -> "tuple[list[_Row], bool]":
         """The next group from the queue's head, and whether the budget cut it (a row that could
