@@ -166,7 +166,8 @@ def add_low_rate_dtype(p: argparse.ArgumentParser) -> None:
     p.add_argument("--low-rate-dtype", choices=DTYPES, default=None,
                    help="dtype of the stages before the conv stack (dequantizer, transformer, upsampling; 3.6 %% of the "
                         "FLOPs); default: float32 under a half --dtype (TF32 on CUDA; on an H200, bf16 31.5 instead of 26.8 dB "
-                        "from float64 for 6 %% less throughput at 256 streams), else --dtype")
+                        "from float64; 6 %% less throughput at 256 streams before attention ran in bf16, not "
+                        "re-measured since), else --dtype")
 
 
 def low_rate_dtype(args: argparse.Namespace) -> "torch.dtype | None":
