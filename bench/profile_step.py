@@ -12,7 +12,7 @@ from code2wav.engine.graphs import GraphRunner
 from code2wav.kernels import unit
 from code2wav.model.config import DecoderConfig
 from code2wav.model.init import random_decoder
-from code2wav.model.layers import CausalConv1d
+from code2wav.model.layers import CausalConv1d, CausalConvTranspose1d
 from code2wav.model.loading import configure_cuda
 from code2wav.stream.engine import StreamEngine
 
@@ -21,7 +21,9 @@ def main() -> int:
     """argv: [dtype] [layouts] [cuDNN benchmark_limit: algorithms timed per shape, 0 = all].
     A layout named ``...-unfused`` runs the residual units' tails as separate ops (the A/B of
     ``code2wav/kernels/unit.py``); ``...-fold=all|dilated|none`` sets which full convs run folded
-    (the A/B of ``CausalConv1d.fold``). Each layout's eager 16x25, 1x25 and 1x1 steps are profiled."""
+    (the A/B of ``CausalConv1d.fold``); ``...-convt=gemm`` runs the ConvTranspose layers as GEMMs
+    (the A/B of ``CausalConvTranspose1d.as_gemm``). Each layout's eager 16x25, 1x25 and 1x1 steps
+    are profiled."""
     dtype = getattr(torch, sys.argv[1] if len(sys.argv) > 1 else "bfloat16")
     layouts = sys.argv[2].split(",") if len(sys.argv) > 2 else ["channels_last"]  # the CUDA default
     configure_cuda(dtype)
@@ -33,6 +35,8 @@ def main() -> int:
     real_applies, default_fold = unit.applies, CausalConv1d.fold
     for layout in layouts:  # the same step, conv weights stored either way
         name = layout
+        layout, _, convt = layout.partition("-convt=")
+        CausalConvTranspose1d.as_gemm = convt == "gemm"
         layout, _, fold = layout.partition("-fold=")
         CausalConv1d.fold = fold or default_fold
         unit.applies = (lambda x, h: False) if layout.endswith("-unfused") else real_applies

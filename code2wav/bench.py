@@ -349,6 +349,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="padded frames per batched forward; sets the graph pool size (default: 480 with the allocator's "
                         "expandable segments, which code2wav turns on unless PYTORCH_CUDA_ALLOC_CONF is set, else 256; "
                         "bf16 H200: 762 / 1014 MiB)")
+    p.add_argument("--convt-as-gemm", action="store_true",
+                   help="experimental A/B: run the ConvTranspose layers as GEMMs (CausalConvTranspose1d.as_gemm)")
     p.add_argument("--warm-eager", action=argparse.BooleanOptionalAction, default=None,
                    help="run each level of the eager modes once untimed first (default: on CUDA, where every "
                         "new shape's first call costs cuDNN plan building)")
@@ -387,6 +389,10 @@ def main(args: argparse.Namespace) -> int:
         return main_service(args)
 
     dtype = getattr(torch, args.dtype)
+    if args.convt_as_gemm:
+        from code2wav.model.layers import CausalConvTranspose1d
+
+        CausalConvTranspose1d.as_gemm = True
     model = load_decoder(args.model, device=args.device, dtype=dtype, channels_last=args.channels_last,
                          low_rate_dtype=low_rate_dtype(args))
     modes = [m for m in args.modes.split(",") if m]
@@ -404,7 +410,7 @@ def main(args: argparse.Namespace) -> int:
     meta = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu", "dtype": args.dtype, "low_rate_dtype": str(model.low_rate_dtype).removeprefix("torch."), "torch": torch.__version__,
             "channels_last": args.channels_last, "max_batch_frames": args.max_batch_frames, "sustained_s": args.seconds,
             "group_by_size": args.group_by_size, "split_lone_group": args.split_lone_group, "pace": args.pace,
-            "warm_eager": args.warm_eager if args.warm_eager is not None else args.device.startswith("cuda")}
+            "convt_as_gemm": args.convt_as_gemm, "warm_eager": args.warm_eager if args.warm_eager is not None else args.device.startswith("cuda")}
     (out / "results.json").write_text(json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=2))
     plot(results, out / "plot.png")
     print(table(results))

@@ -397,6 +397,75 @@ def test_folded_conv_equals_the_dilated_conv(monkeypatch, layout, dilation, fold
     assert (torch.cat(outs, -1) - want).abs().max() < 1e-12
 
 
+@pytest.mark.parametrize("stride,kernel", [(2, 2), (3, 6), (8, 16)])
+def test_convtranspose_as_gemm_equals_the_transposed_conv(monkeypatch, stride, kernel):
+    """A causal ConvTranspose (k = s or 2s) over channels-last input may run as GEMMs on its rows
+    (``CausalConvTranspose1d.as_gemm``): equal (float64) to the transposed conv, whole and
+    stepped with its history from the pool, for several batch rows (the GEMM runs over all of
+    them at once), with the output channels-last."""
+    from code2wav.kernels.snake import is_channels_last, to_layout
+    from code2wav.model.layers import CausalConvTranspose1d, SnakeBeta, channels_last_
+    from code2wav.model.streaming import Step
+
+    g = torch.Generator().manual_seed(8)
+    convt = CausalConvTranspose1d(6, 5, kernel, stride).double()
+    act = SnakeBeta(6).double()
+    with torch.no_grad():
+        for p in (*convt.parameters(), *act.parameters()):
+            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * 0.5)
+    convt.fuse()
+    channels_last_(convt.conv)
+    x = to_layout(torch.randn(3, 6, 9, dtype=torch.float64, generator=g), True)
+
+    calls = []
+    real = CausalConvTranspose1d._as_gemm
+    monkeypatch.setattr(CausalConvTranspose1d, "_as_gemm", lambda self, xx: calls.append(1) or real(self, xx))
+
+    def run(on: bool):
+        monkeypatch.setattr(CausalConvTranspose1d, "as_gemm", on)
+        with torch.no_grad():
+            whole = convt(x, None, act)
+            pool = {convt.state_key: torch.zeros(4, 6, convt.history, dtype=torch.float64)}
+            outs = []
+            for a, b in ((0, 4), (4, 5), (5, 9)):
+                step = Step(pool, torch.tensor([3, 0, 1]), torch.tensor([b - a] * 3), torch.tensor([a] * 3))
+                outs.append(convt(x[..., a:b], step, act))
+        return whole, torch.cat(outs, -1)
+
+    (ref_whole, ref_steps), (whole, steps) = run(False), run(True)
+    assert len(calls) == 4  # every call of the second run took the GEMM form
+    assert whole.shape == ref_whole.shape == (3, 5, 9 * stride) and is_channels_last(whole)
+    assert (whole - ref_whole).abs().max() < 1e-12 and (steps - ref_whole).abs().max() < 1e-12
+    assert (ref_steps - ref_whole).abs().max() < 1e-12
+
+
+def test_streams_with_convtranspose_as_gemm_match_the_forward(small64, monkeypatch):
+    """The whole decoder channels-last with every ConvTranspose as GEMMs (none falls back):
+    streams with and without a prefix, batched with ragged chunks, still equal the float64
+    forward."""
+    from code2wav.model.layers import CausalConvTranspose1d
+
+    m, codes, ref = small64
+    cl = copy.deepcopy(m).channels_last()
+    monkeypatch.setattr(CausalConvTranspose1d, "as_gemm", True)
+    def no_transposed_conv(*args, **kwargs):
+        raise AssertionError("a ConvTranspose fell back to the transposed conv")
+
+    monkeypatch.setattr(torch.nn.functional, "conv_transpose2d", no_transposed_conv)
+    engine = StreamEngine(cl, max_streams=3)
+    engine.open("a")
+    engine.open("b", codes[:30])
+    got = {"a": [], "b": []}
+    at = {"a": 0, "b": 30}
+    for size_a, size_b in ((1, 25), (25, 3), (7, 25), (30, 1)):
+        out = engine.step({"a": codes[at["a"] : at["a"] + size_a], "b": codes[at["b"] : at["b"] + size_b]})
+        for rid, size in (("a", size_a), ("b", size_b)):
+            got[rid].append(out[rid])
+            at[rid] += size
+    assert max_err(torch.cat(got["a"]), ref[: at["a"] * SPF]) <= 1e-9
+    assert max_err(torch.cat(got["b"]), ref[30 * SPF : at["b"] * SPF]) <= 1e-9
+
+
 def test_back_context_is_exactly_enough(small64):
     """The conv stack only sees the last ``back_context_frames()`` prefix frames (10 for these
     rates); that rebuilds its state exactly, and one frame fewer does not."""

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from code2wav.kernels import snake
-from code2wav.kernels.snake import empty_time, fast_sin, is_channels_last, snake_beta_eager, tile_shape, triton
+from code2wav.kernels.snake import empty_time, fast_sin, is_channels_last, snake_beta_eager, tile_shape, to_layout, triton
 
 if triton is not None:
     import triton.language as tl
@@ -74,7 +74,7 @@ def history_cat(x: Tensor, history: int, pool: Tensor | None = None, slots: Tens
         if act is not None:
             x = snake_beta_eager(x, act[0], act[1], bias)
         tail = [x.new_zeros(B, C, T_out - T)] if T_out > T else []
-        return torch.cat([hist, x, *tail], dim=-1)
+        return to_layout(torch.cat([hist, x, *tail], dim=-1), is_channels_last(x))  # cat's is contiguous
     cl = is_channels_last(x)  # x itself is read through its strides, whatever they are
     out = empty_time(x, T_out, cl)
     dummy = x  # never read: the flags below switch those loads off

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from code2wav.kernels.snake import to_layout
 from code2wav.model.config import DecoderConfig
 from code2wav.model.layers import CausalConv1d, CausalConvTranspose1d, ConvNeXtBlock, DecoderBlock, SnakeBeta, channels_last_
 from code2wav.model.streaming import Step, StreamingLayer, assign_state_keys, state_shapes
@@ -140,6 +141,9 @@ class Decoder(nn.Module):
         transformer's fused q/k/v and gate/up matrices for its CUDA path."""
         self.quantizer.fold(dtype)
         self.pre_transformer.fuse_projections()
+        for m in self.modules():
+            if isinstance(m, CausalConvTranspose1d):
+                m.fuse()
 
     def low_rate_modules(self) -> tuple[nn.Module, ...]:
         """The stages before the conv stack: dequantizer, pre_conv, transformer, upsampling (at most
@@ -208,9 +212,10 @@ class Decoder(nn.Module):
 
     def back(self, hidden: Tensor, step: Step | None = None) -> Tensor:
         """[B, latent_dim, T] -> audio [B, 1, T * samples_per_frame], clamped to [-1, 1]."""
-        # The transformer's output is [B, T, C] in memory: keep that for a channels-last conv
-        # stack, make it contiguous otherwise (every layer below keeps its input's layout).
-        h = hidden if self.is_channels_last else hidden.contiguous()
+        # The transformer's output is [B, T, C] in memory: kept as it is for a channels-last conv
+        # stack, made contiguous otherwise (every layer below keeps its input's layout). Hidden
+        # frames joined along time (the engine's prefill) arrive contiguous: laid out here too.
+        h = to_layout(hidden, self.is_channels_last)
         with self.low_rate_precision():
             for convt, block in self.upsample:
                 h = block(convt(h, step), step)

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from code2wav.kernels import unit
 from code2wav.kernels.mono_conv import mono_conv
-from code2wav.kernels.snake import bias_add, residual_add, snake_beta, to_layout
+from code2wav.kernels.snake import bias_add, is_channels_last, residual_add, snake_beta, to_layout
 from code2wav.model.streaming import Step, StreamingLayer
 
 
@@ -77,7 +77,16 @@ class CausalConvTranspose1d(StreamingLayer):
 
     Output block ``n`` (``s`` samples) sees inputs ``n`` and ``n-1`` only, so one previous input
     sample is all the history it needs; a zero history adds nothing, like the plain forward.
-    """
+
+    With ``as_gemm`` (channels-last input) the layer runs as matrix products instead of cuDNN's
+    transposed conv: block ``n`` is ``x[n] @ W_now + x[n-1] @ W_prev + bias``, where ``W_now`` and
+    ``W_prev`` are the first and last ``s`` taps of the weight as ``[c_in, s * c_out]`` matrices
+    (views of a channels-last weight), and ``[n, s * c_out]`` rows are ``[n * s, c_out]`` samples,
+    channels-last, with no copy. The prediction (not yet measured): cuDNN's transposed-conv kernels
+    took ~20-26 us each in a 1-frame step on an H200 (bench/profile_step.py), where a GEMV of the
+    same weights needs a few."""
+
+    as_gemm = False  # an A/B switch until it is measured (bench/profile_step.py "-convt=gemm")
 
     def __init__(self, c_in: int, c_out: int, kernel: int, stride: int, rate: int = 1):
         super().__init__()
@@ -87,6 +96,11 @@ class CausalConvTranspose1d(StreamingLayer):
         self.stride = stride
         self.history = 1 if kernel > stride else 0
         self.rate = rate
+        self.register_buffer("bias_rows", None, persistent=False)  # the bias once per output sample of a block
+
+    def fuse(self) -> None:
+        """Derive ``bias_rows`` from the loaded bias (``Decoder.fold`` calls it)."""
+        self.bias_rows = self.conv.bias.detach().repeat(self.stride)
 
     def state_shapes(self) -> dict[str, tuple[int, ...]]:
         if not self.history:
@@ -97,9 +111,32 @@ class CausalConvTranspose1d(StreamingLayer):
         n = x.shape[-1] * self.stride
         start = self.stride if self.history else 0  # the history's own output block is dropped
         x = self._with_history(x, step, act)
+        if self.as_gemm and self.bias_rows is not None and is_channels_last(x) and self.conv.kernel_size[0] in (self.stride, 2 * self.stride):
+            return self._as_gemm(x)
         y = F.conv_transpose2d(x.unsqueeze(2), self.conv.weight.unsqueeze(2), None, stride=(1, self.stride)).squeeze(2)
         # Adding the bias to the trimmed view is also the copy that makes it dense (same layout).
         return bias_add(y[..., start : start + n], self.conv.bias)
+
+    def _as_gemm(self, xx: Tensor) -> Tensor:
+        """The forward over ``xx`` = [history, new] (channels-last) as one or two GEMMs on its
+        rows, all batch rows at once: row ``r`` of the ``[B * T, c_in]`` matrix pairs with row
+        ``r - 1``; the pairs that straddle two batch rows give outputs that are dropped (the
+        first block of each row, which belongs to the history)."""
+        B, C, T = xx.shape
+        c_out, s = self.conv.out_channels, self.stride
+        rows = xx.transpose(1, 2)
+        if rows.stride(0) != T * C:  # a trimmed view: the rows must sit at one stride
+            rows = rows.contiguous()
+        rows = rows.reshape(B * T, C)
+        w = self.conv.weight.permute(0, 2, 1).reshape(C, -1)  # [c_in, k * c_out]: a view when channels-last
+        if not self.history:  # k == s: each input sample makes one output block alone
+            y = torch.addmm(self.bias_rows, rows, w)
+            return y.view(B, T * s, c_out).transpose(1, 2)
+        y = torch.empty(B * T, s * c_out, device=xx.device, dtype=xx.dtype)
+        torch.addmm(self.bias_rows, rows[:-1], w[:, s * c_out :], out=y[1:])  # previous sample, last s taps
+        y[1:].addmm_(rows[1:], w[:, : s * c_out])  # this sample, first s taps
+        # Row 0 of each batch row is the history's block (row 0 overall was never written).
+        return y.view(B, T, s * c_out)[:, 1:].reshape(B, (T - 1) * s, c_out).transpose(1, 2)
 
 
 class SnakeBeta(nn.Module):
