@@ -58,6 +58,8 @@ class Result:
     stalled_pct: float = float("nan")  # streams whose playback the decoder stalled (> 1 ms in all)
     stall_p99_ms: float = float("nan")  # per stream, playback stall the decoder added
     padding_pct: float = float("nan")  # graphs: share of the replayed work (rows x frames) that was padding
+    rows_per_step: float = float("nan")  # mean rows per batched forward in the window
+    small_steps_pct: float = float("nan")  # graphs: share of the window's step time in forwards of <= 8 frames a row
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -113,6 +115,7 @@ async def _workload(core: StreamEngine, concurrency: int, frames: int, schedule:
         def on_step(seconds_: float, rows: int) -> None:
             if inside(time.perf_counter()):
                 m.steps.append(seconds_)
+                m.rows.append(rows)
                 if hasattr(runner, "padded_frames"):  # a GraphRunner counts the work it replays
                     m.work.append((runner.padded_frames, runner.frames))
 
@@ -170,6 +173,15 @@ def _padding_pct(work: "list[tuple[int, int]]") -> float:
     return 100 * (1 - (f1 - f0) / (p1 - p0))
 
 
+def _small_steps_pct(steps: "list[float]", rows: "list[int]", work: "list[tuple[int, int]]", frames: int = 8) -> float:
+    """Share of the step time (after the window's first step) spent in forwards whose padded
+    work is at most ``frames`` frames a row: the size class of first chunks, whose forwards
+    cost a GPU step each for little audio."""
+    per_step = [(s, (p1 - p0) / n) for s, n, (p0, _), (p1, _) in zip(steps[1:], rows[1:], work, work[1:])]
+    total = sum(s for s, _ in per_step)
+    return 100 * sum(s for s, f in per_step if f <= frames) / total if total else float("nan")
+
+
 def playback_stall(arrivals: "tuple[float, ...]", frames: "tuple[int, ...]", fps: float) -> float:
     """Seconds a listener waits after the first chunk, playing chunks in order from the first
     arrival on; a chunk that lands after its turn pauses playback until it does."""
@@ -190,6 +202,7 @@ class _Measured:
     steps: list[float] = field(default_factory=list)
     stalls: list[float] = field(default_factory=list)  # paced: seconds each stream's playback waited
     work: list[tuple[int, int]] = field(default_factory=list)  # graphs: (padded, real) frames replayed so far, per step in the window
+    rows: list[int] = field(default_factory=list)  # rows of each step in the window
 
 
 def run(
@@ -271,6 +284,8 @@ def run(
                         stalled_pct=100 * float(np.mean(np.asarray(m.stalls) > 1e-3)) if m.stalls else float("nan"),
                         stall_p99_ms=_pct(m.stalls, 99),
                         padding_pct=_padding_pct(m.work),
+                        rows_per_step=float(np.mean(m.rows)) if m.rows else float("nan"),
+                        small_steps_pct=_small_steps_pct(m.steps, m.rows, m.work) if m.work else float("nan"),
                     )
                 )
                 print(json.dumps(asdict(results[-1])), flush=True)  # kept even if a later level is cut off
@@ -282,12 +297,12 @@ def run(
 
 def table(results: list[Result]) -> str:
     head = (f"{'mode':<12}{'c':>5}{'pfx':>5}{'x RT':>9}{'step p50':>10}{'step p99':>10}{'TTFP p50':>10}{'TTFP p99':>10}{'chunk p99':>10}"
-            f"{'pad%':>6}{'stalled%':>9}{'stall p99':>10}{'pool MB':>9}{'graph MB':>9}{'peak MB':>9}")
+            f"{'pad%':>6}{'rows':>6}{'small%':>7}{'stalled%':>9}{'stall p99':>10}{'pool MB':>9}{'graph MB':>9}{'peak MB':>9}")
     lines = [head, "-" * len(head)]
     for r in results:
         lines.append(
             f"{r.mode:<12}{r.concurrency:>5}{r.prefix_frames:>5}{r.throughput_x:>9.1f}{r.step_p50_ms:>10.2f}{r.step_p99_ms:>10.2f}"
-            f"{r.ttfp_p50_ms:>10.2f}{r.ttfp_p99_ms:>10.2f}{r.chunk_p99_ms:>10.2f}{r.padding_pct:>6.1f}{r.stalled_pct:>9.1f}{r.stall_p99_ms:>10.2f}{r.mem_state_pool_mb:>9.0f}"
+            f"{r.ttfp_p50_ms:>10.2f}{r.ttfp_p99_ms:>10.2f}{r.chunk_p99_ms:>10.2f}{r.padding_pct:>6.1f}{r.rows_per_step:>6.1f}{r.small_steps_pct:>7.1f}{r.stalled_pct:>9.1f}{r.stall_p99_ms:>10.2f}{r.mem_state_pool_mb:>9.0f}"
             f"{r.mem_graph_pool_mb:>9.0f}{r.mem_peak_mb:>9.0f}"
         )
     return "\n".join(lines)

@@ -675,6 +675,19 @@ def test_bench_reports_the_share_of_padded_work(m):
     assert "54.2" in table([Result(**fields)])
 
 
+def test_bench_reports_the_time_share_of_first_chunk_sized_steps():
+    """``small_steps_pct``: of the step time after the window's first step, the share spent in
+    forwards of at most 8 padded frames a row (the first chunks' size class), each step's padded
+    work read from the runner's running count."""
+    from code2wav.bench import _small_steps_pct
+
+    steps = [0.001, 0.002, 0.003, 0.004]
+    rows = [1, 2, 16, 1]
+    work = [(8, 1), (10, 3), (410, 403), (411, 404)]  # after each step: 2 rows x 1, 16 x 25, 1 x 1
+    assert _small_steps_pct(steps, rows, work) == pytest.approx(100 * (0.002 + 0.004) / 0.009)
+    assert _small_steps_pct(steps[:1], rows[:1], work[:1]) != _small_steps_pct(steps[:1], rows[:1], work[:1])  # NaN: one step
+
+
 def test_bench_paced_talkers_count_the_stalls_the_decoder_adds(m):
     """``--pace``: each chunk is pushed when a talker at that speed has its frames, not when the
     last audio is back; per stream we keep the playback stall the decoder adds beyond the
