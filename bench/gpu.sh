@@ -32,7 +32,8 @@
 #   bash bench/gpu.sh session7 quick checks; a lone stream's first packet leg by leg; sustained load
 #                              at c=1/16/64/256                                        [~330 s]
 #   bash bench/gpu.sh targets  every GPU-engine target: quick checks, the first packet leg by leg,
-#                              exact-graph vs windowed under sustained load, prefix 0/72  [~330 s]
+#                              exact-graph vs windowed under sustained load, prefix 0/72  [~290 s at
+#                              a45a5df; the windowed levels now run twice (warm-eager)]
 #   bash bench/gpu.sh convt    A/B of the ConvTranspose layers as GEMMs: checks, step profiles,
 #                              sustained load at c=1/256 with and without (not yet run; ~500 s estimated)
 #   bash bench/gpu.sh offline64  fp32 batch-64 offline, ours vs official, cuDNN heuristics [~60 s]
@@ -168,7 +169,7 @@ targets)  # every issue-4 target in one call: checks (SNR, exactness), first pac
   #          exact-graph and windowed side by side under sustained load, prefix 0 and 72
   timeout 130 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
   timeout 90 python3 bench/first_packet.py 300 2>&1 | tee "$OUT/first_packet.txt"
-  timeout 300 python3 -m code2wav.bench --modes exact-graph,windowed --levels 1,16,64,256 --prefix 0,72 --seconds 3 --out "$OUT/bench" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/sustained.txt"
+  timeout 380 python3 -m code2wav.bench --modes exact-graph,windowed --levels 1,16,64,256 --prefix 0,72 --seconds 3 --out "$OUT/bench" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/sustained.txt"
   echo "=== summary ==="; checks_summary; tail -n 8 "$OUT/first_packet.txt"; grep -A18 "^mode" "$OUT/sustained.txt"
   ;;
 convt)  # A/B of CausalConvTranspose1d.as_gemm: graph replay per step shape and eager profiles,
