@@ -425,7 +425,7 @@ def main(args: argparse.Namespace) -> int:
     meta = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu", "dtype": args.dtype, "low_rate_dtype": str(model.low_rate_dtype).removeprefix("torch."), "torch": torch.__version__,
             "channels_last": args.channels_last, "max_batch_frames": args.max_batch_frames, "sustained_s": args.seconds,
             "group_by_size": args.group_by_size, "split_lone_group": args.split_lone_group, "pace": args.pace,
-            "convt_as_gemm": args.convt_as_gemm, "warm_eager": args.warm_eager if args.warm_eager is not None else args.device.startswith("cuda")}
+            "convt_as_gemm": args.convt_as_gemm, "warm_eager": args.warm_eager}  # None: run()'s default, on for CUDA
     (out / "results.json").write_text(json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=2))
     plot(results, out / "plot.png")
     print(table(results))

@@ -69,13 +69,13 @@ def history_cat(x: Tensor, history: int, pool: Tensor | None = None, slots: Tens
     B, C, L = x.shape
     T = history + L
     T_out = -(-T // multiple) * multiple
+    cl = is_channels_last(x)  # the result's layout; x itself is read through its strides
     if not snake.fused(x) or B * C * T_out >= 2**31:
         hist = x.new_zeros(*x.shape[:-1], history) if pool is None else pool.index_select(0, slots).to(x.dtype)
         if act is not None:
             x = snake_beta_eager(x, act[0], act[1], bias)
         tail = [x.new_zeros(B, C, T_out - T)] if T_out > T else []
-        return to_layout(torch.cat([hist, x, *tail], dim=-1), is_channels_last(x))  # cat's is contiguous
-    cl = is_channels_last(x)  # x itself is read through its strides, whatever they are
+        return to_layout(torch.cat([hist, x, *tail], dim=-1), cl)  # cat's is contiguous
     out = empty_time(x, T_out, cl)
     dummy = x  # never read: the flags below switch those loads off
     alpha, beta = act if act is not None else (dummy, dummy)
