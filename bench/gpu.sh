@@ -175,11 +175,18 @@ targets)  # every issue-4 target in one call: checks (SNR, exactness), first pac
 convt)  # A/B of CausalConvTranspose1d.as_gemm: graph replay per step shape and eager profiles,
   #        sustained load with and without it (one machine start), the checks (3c covers it)
   timeout 130 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
-  timeout 170 python3 bench/profile_step.py bfloat16 channels_last,channels_last-convt=gemm 2>&1 | tee "$OUT/profile.txt"
-  for g in "" "--convt-as-gemm"; do
-    timeout 130 python3 -m code2wav.bench --modes exact-graph --levels 1,256 --seconds 5 $g --out /tmp/convt 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee -a "$OUT/sustained_ab.txt"
+  timeout 170 python3 bench/profile_step.py bfloat16 channels_last-convt=cudnn,channels_last 2>&1 | tee "$OUT/profile.txt"
+  for g in cudnn gemm; do
+    echo "--convt $g" | tee -a "$OUT/sustained_ab.txt"
+    timeout 130 python3 -m code2wav.bench --modes exact-graph --levels 1,256 --seconds 5 --convt $g --out /tmp/convt 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee -a "$OUT/sustained_ab.txt"
   done
   echo "=== summary ==="; checks_summary; grep -B1 -A9 "eager ms" "$OUT/profile.txt"; grep -A4 "^mode" "$OUT/sustained_ab.txt"
+  ;;
+session8)  # ConvTranspose as GEMMs (now the default), one host staging per group; first chunks gathering (A/B of the wait)
+  timeout 130 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
+  timeout 90 python3 bench/first_packet.py 300 2>&1 | tee "$OUT/first_packet.txt"
+  timeout 300 python3 -m code2wav.bench --modes exact-graph --levels 1,16,64,256 --seconds 3 --first-chunk-wait-ms 0,5,10 --out "$OUT/bench" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/sustained.txt"
+  echo "=== summary ==="; checks_summary; tail -n 8 "$OUT/first_packet.txt"; grep -A14 "^mode" "$OUT/sustained.txt"
   ;;
 offline64)
   python3 bench/offline.py --device cuda --dtypes float32 --batches 64 --frames 125 --repeat 2 --no-autotune 2>&1 | tee "$OUT/offline_fp32_b64.txt"

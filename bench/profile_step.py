@@ -21,8 +21,8 @@ def main() -> int:
     """argv: [dtype] [layouts] [cuDNN benchmark_limit: algorithms timed per shape, 0 = all].
     A layout named ``...-unfused`` runs the residual units' tails as separate ops (the A/B of
     ``code2wav/kernels/unit.py``); ``...-fold=all|dilated|none`` sets which full convs run folded
-    (the A/B of ``CausalConv1d.fold``); ``...-convt=gemm`` runs the ConvTranspose layers as GEMMs
-    (the A/B of ``CausalConvTranspose1d.as_gemm``). Each layout's eager 16x25, 1x25 and 1x1 steps
+    (the A/B of ``CausalConv1d.fold``); ``...-convt=cudnn`` runs the ConvTranspose layers as
+    cuDNN's transposed conv, not GEMMs (the A/B of ``CausalConvTranspose1d.as_gemm``). Each layout's eager 16x25, 1x25 and 1x1 steps
     are profiled."""
     dtype = getattr(torch, sys.argv[1] if len(sys.argv) > 1 else "bfloat16")
     layouts = sys.argv[2].split(",") if len(sys.argv) > 2 else ["channels_last"]  # the CUDA default
@@ -36,7 +36,7 @@ def main() -> int:
     for layout in layouts:  # the same step, conv weights stored either way
         name = layout
         layout, _, convt = layout.partition("-convt=")
-        CausalConvTranspose1d.as_gemm = convt == "gemm"
+        CausalConvTranspose1d.as_gemm = convt != "cudnn"
         layout, _, fold = layout.partition("-fold=")
         CausalConv1d.fold = fold or default_fold
         unit.applies = (lambda x, h: False) if layout.endswith("-unfused") else real_applies

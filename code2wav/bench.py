@@ -60,6 +60,7 @@ class Result:
     padding_pct: float = float("nan")  # graphs: share of the replayed work (rows x frames) that was padding
     rows_per_step: float = float("nan")  # mean rows per batched forward in the window
     small_steps_pct: float = float("nan")  # graphs: share of the window's step time in forwards of <= 8 frames a row
+    first_chunk_wait_ms: float = 0.0  # how long first chunks could wait to gather (StreamEngine.first_chunk_wait)
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -220,10 +221,12 @@ def run(
     split_lone_group: bool = False,
     pace: float = 0.0,
     warm_eager: bool | None = None,
+    first_chunk_waits: tuple[float | None, ...] = (None,),
 ) -> list[Result]:
     """``warm_eager`` (default: on CUDA): eager modes run each level's workload once untimed
     before the timed run, so that the first call of every new shape (cuDNN's plan for it, say)
-    is not inside their timings; graphs meet their shapes at capture."""
+    is not inside their timings; graphs meet their shapes at capture. ``first_chunk_waits``
+    (seconds; None: the engine's default): each level runs once per value, on one engine."""
     schedule = schedule or [1, 25]
     max_batch_frames = max_batch_frames or default_batch_frames()
     cuda = next(model.parameters()).is_cuda
@@ -232,10 +235,10 @@ def run(
     results: list[Result] = []
     from tqdm import tqdm
 
-    bar = tqdm(total=len(modes) * len(levels) * len(prefixes), disable=not progress, desc="bench")
+    bar = tqdm(total=len(modes) * len(levels) * len(prefixes) * len(first_chunk_waits), disable=not progress, desc="bench")
     for mode in modes:
         if mode == "exact-graph" and not cuda:
-            bar.update(len(levels) * len(prefixes))
+            bar.update(len(levels) * len(prefixes) * len(first_chunk_waits))
             continue
         if cuda:
             torch.cuda.empty_cache()
@@ -244,11 +247,13 @@ def run(
             # shape at almost every step and would pay the tuning inside their timings.
             torch.backends.cudnn.benchmark = mode == "exact-graph"
         core = build_engine(model, mode, max(levels), max_batch_frames, group_by_size, split_lone_group)
+        default_wait = core.first_chunk_wait
         graph_mb = core.runner.pool_bytes / 2**20 if mode == "exact-graph" else 0.0  # type: ignore[union-attr]  (taken at capture)
         for prefix_frames in prefixes:  # one engine (one capture) per mode, every prefix
             # One untimed warm-up run per engine and prefix (allocator, cudnn autotune, lazy init).
             asyncio.run(_workload(core, min(4, max(levels)), min(frames, 30), schedule, prefix_frames, 0.0, seed=99))
-            for c in levels:
+            for c, wait in ((c, w) for c in levels for w in first_chunk_waits):
+                core.first_chunk_wait = default_wait if wait is None else wait
                 if warm_eager and mode != "exact-graph":  # the same workload, other stream ids
                     asyncio.run(_workload(core, c, frames, schedule, prefix_frames, stagger_s, seed=c + 1000, seconds=seconds, pace=pace))
                 if cuda:
@@ -286,6 +291,7 @@ def run(
                         padding_pct=_padding_pct(m.work),
                         rows_per_step=float(np.mean(m.rows)) if m.rows else float("nan"),
                         small_steps_pct=_small_steps_pct(m.steps, m.rows, m.work) if m.work else float("nan"),
+                        first_chunk_wait_ms=core.first_chunk_wait * 1e3,
                     )
                 )
                 print(json.dumps(asdict(results[-1])), flush=True)  # kept even if a later level is cut off
@@ -296,12 +302,12 @@ def run(
 
 
 def table(results: list[Result]) -> str:
-    head = (f"{'mode':<12}{'c':>5}{'pfx':>5}{'x RT':>9}{'step p50':>10}{'step p99':>10}{'TTFP p50':>10}{'TTFP p99':>10}{'chunk p99':>10}"
+    head = (f"{'mode':<12}{'c':>5}{'pfx':>5}{'wait':>5}{'x RT':>9}{'step p50':>10}{'step p99':>10}{'TTFP p50':>10}{'TTFP p99':>10}{'chunk p99':>10}"
             f"{'pad%':>6}{'rows':>6}{'small%':>7}{'stalled%':>9}{'stall p99':>10}{'pool MB':>9}{'graph MB':>9}{'peak MB':>9}")
     lines = [head, "-" * len(head)]
     for r in results:
         lines.append(
-            f"{r.mode:<12}{r.concurrency:>5}{r.prefix_frames:>5}{r.throughput_x:>9.1f}{r.step_p50_ms:>10.2f}{r.step_p99_ms:>10.2f}"
+            f"{r.mode:<12}{r.concurrency:>5}{r.prefix_frames:>5}{r.first_chunk_wait_ms:>5.0f}{r.throughput_x:>9.1f}{r.step_p50_ms:>10.2f}{r.step_p99_ms:>10.2f}"
             f"{r.ttfp_p50_ms:>10.2f}{r.ttfp_p99_ms:>10.2f}{r.chunk_p99_ms:>10.2f}{r.padding_pct:>6.1f}{r.rows_per_step:>6.1f}{r.small_steps_pct:>7.1f}{r.stalled_pct:>9.1f}{r.stall_p99_ms:>10.2f}{r.mem_state_pool_mb:>9.0f}"
             f"{r.mem_graph_pool_mb:>9.0f}{r.mem_peak_mb:>9.0f}"
         )
@@ -317,10 +323,11 @@ def plot(results: list[Result], path: Path) -> bool:
     except ImportError:
         return False
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for mode in dict.fromkeys(r.mode for r in results):
-        rs = [r for r in results if r.mode == mode and r.prefix_frames == results[0].prefix_frames]
-        a.plot([r.concurrency for r in rs], [r.throughput_x for r in rs], marker="o", label=mode)
-        b.plot([r.concurrency for r in rs], [r.ttfp_p50_ms for r in rs], marker="o", label=mode)
+    for mode, wait in dict.fromkeys((r.mode, r.first_chunk_wait_ms) for r in results):
+        rs = [r for r in results if (r.mode, r.first_chunk_wait_ms) == (mode, wait) and r.prefix_frames == results[0].prefix_frames]
+        label = mode if len({r.first_chunk_wait_ms for r in results}) == 1 else f"{mode}, first chunks wait {wait:g} ms"
+        a.plot([r.concurrency for r in rs], [r.throughput_x for r in rs], marker="o", label=label)
+        b.plot([r.concurrency for r in rs], [r.ttfp_p50_ms for r in rs], marker="o", label=label)
     for ax, title in ((a, "throughput (x real time)"), (b, "time to first packet p50 (ms)")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -360,12 +367,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split-lone-group", action="store_true",
                    help="with nothing on the GPU, run a group that takes every ready row as two halves, so the second "
                         "runs while the first's audio is delivered (StreamEngine(split_lone_group=True); off by default)")
+    p.add_argument("--first-chunk-wait-ms", default=None,
+                   help="how long a first chunk may wait for others to share its forward while other rows keep the GPU busy "
+                        "(StreamEngine(first_chunk_wait=...); default: the engine's); a comma list runs each level once per value")
     p.add_argument("--max-batch-frames", type=int, default=None,
                    help="padded frames per batched forward; sets the graph pool size (default: 480 with the allocator's "
                         "expandable segments, which code2wav turns on unless PYTORCH_CUDA_ALLOC_CONF is set, else 256; "
                         "bf16 H200: 762 / 1014 MiB)")
-    p.add_argument("--convt-as-gemm", action="store_true",
-                   help="experimental A/B: run the ConvTranspose layers as GEMMs (CausalConvTranspose1d.as_gemm)")
+    p.add_argument("--convt", choices=("gemm", "cudnn"), default="gemm",
+                   help="the ConvTranspose layers as GEMMs (default) or cuDNN's transposed conv (the A/B of CausalConvTranspose1d.as_gemm)")
     p.add_argument("--warm-eager", action=argparse.BooleanOptionalAction, default=None,
                    help="run each level of the eager modes once untimed first (default: on CUDA, where every "
                         "new shape's first call costs cuDNN plan building)")
@@ -404,10 +414,9 @@ def main(args: argparse.Namespace) -> int:
         return main_service(args)
 
     dtype = getattr(torch, args.dtype)
-    if args.convt_as_gemm:
-        from code2wav.model.layers import CausalConvTranspose1d
+    from code2wav.model.layers import CausalConvTranspose1d
 
-        CausalConvTranspose1d.as_gemm = True
+    CausalConvTranspose1d.as_gemm = args.convt == "gemm"
     model = load_decoder(args.model, device=args.device, dtype=dtype, channels_last=args.channels_last,
                          low_rate_dtype=low_rate_dtype(args))
     modes = [m for m in args.modes.split(",") if m]
@@ -419,13 +428,15 @@ def main(args: argparse.Namespace) -> int:
     results: list[Result] = []
     prefixes = tuple(int(x) for x in args.prefix.split(","))
     results += run(model, modes, levels, args.frames, chunks, prefixes, args.stagger_ms / 1e3, args.max_batch_frames, seconds=args.seconds,
-                   group_by_size=args.group_by_size, split_lone_group=args.split_lone_group, pace=args.pace, warm_eager=args.warm_eager)
+                   group_by_size=args.group_by_size, split_lone_group=args.split_lone_group, pace=args.pace, warm_eager=args.warm_eager,
+                   first_chunk_waits=(None,) if args.first_chunk_wait_ms is None else tuple(float(x) / 1e3 for x in args.first_chunk_wait_ms.split(",")))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu", "dtype": args.dtype, "low_rate_dtype": str(model.low_rate_dtype).removeprefix("torch."), "torch": torch.__version__,
             "channels_last": args.channels_last, "max_batch_frames": args.max_batch_frames, "sustained_s": args.seconds,
             "group_by_size": args.group_by_size, "split_lone_group": args.split_lone_group, "pace": args.pace,
-            "convt_as_gemm": args.convt_as_gemm, "warm_eager": args.warm_eager}  # None: run()'s default, on for CUDA
+            "convt": args.convt, "warm_eager": args.warm_eager,  # None: run()'s default, on for CUDA
+            "first_chunk_wait_ms": args.first_chunk_wait_ms}  # None: the engine's default
     (out / "results.json").write_text(json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=2))
     plot(results, out / "plot.png")
     print(table(results))

@@ -323,6 +323,9 @@ def _add_serve(sub) -> None:
     p.add_argument("--max-stream-frames", type=int, default=45_000, help="most frames one stream or request may decode (default 45000 = 1 hour)")
     p.add_argument("--max-body-bytes", type=int, default=16 << 20, help="largest POST /v1/decode body (default 16 MiB)")
     p.add_argument("--no-graphs", action="store_true", help="on CUDA, run steps eagerly instead of replaying CUDA graphs")
+    p.add_argument("--first-chunk-wait-ms", type=float, default=None,
+                   help="under load, a stream's first chunk may wait this long for other first chunks to share its forward; "
+                        "never while the device would idle (default: the engine's, code2wav.stream.engine.FIRST_CHUNK_WAIT_S; 0: at once)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(func=_run_serve)
 
@@ -345,13 +348,16 @@ def _run_serve(args: argparse.Namespace) -> int:
             raise CliError(f"--{name.replace('_', '-')} must be positive")
     if args.idle_timeout < 0:
         raise CliError("--idle-timeout must be >= 0")
+    if args.first_chunk_wait_ms is not None and args.first_chunk_wait_ms < 0:
+        raise CliError("--first-chunk-wait-ms must be >= 0")
     device = parse_device(args.device)
     model = load_decoder(args.model, device=device, dtype=getattr(torch, args.dtype), low_rate_dtype=low_rate_dtype(args))
     use_graphs = device.type == "cuda" and not args.no_graphs
     from code2wav.engine.graphs import GraphRunner, default_batch_frames
 
     core = StreamEngine(model, max_streams=args.max_streams, max_step_frames=32 if use_graphs else 64,
-                        max_batch_frames=default_batch_frames() if use_graphs else 1024)
+                        max_batch_frames=default_batch_frames() if use_graphs else 1024,
+                        **({} if args.first_chunk_wait_ms is None else {"first_chunk_wait": args.first_chunk_wait_ms / 1e3}))
     if use_graphs:
         t0 = time.perf_counter()
         runner = GraphRunner(model, core.pool, max_batch_frames=core.max_batch_frames)

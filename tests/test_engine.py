@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -11,8 +12,8 @@ import torch
 from code2wav.codes import CodesError
 from code2wav.engine.async_engine import AsyncEngine, Backpressure
 from code2wav.engine.graphs import pick_bucket, plan_buckets
-from code2wav.stream.engine import StreamEngine, StreamError, _groups
-from code2wav.stream.pool import PoolFull
+from code2wav.stream.engine import FIRST_CHUNK_WAIT_S, StreamEngine, StreamError, _groups
+from code2wav.stream.pool import PoolFull, packed_base, packed_inputs
 from tests.models import SMALL, forward_audio, model, one_thread, random_codes
 
 SPF = 1920
@@ -434,6 +435,44 @@ def test_first_chunks_go_ahead_of_streams_already_playing(m, codes):
     assert (got["d"] - ref[:SPF]).abs().max() <= 1e-9
 
 
+def _gathering_step(m, codes, monkeypatch=None, later: float = 0.0, **kw):
+    """Streams a, b playing (2-frame chunks queued), c, d, e opening (1-frame first chunks, d and e
+    arriving during the step); returns the slots of each group, in order, and checks every row's
+    audio against the whole forward."""
+    core = StreamEngine(m, max_streams=5, max_step_frames=8, max_batch_frames=16, **kw)
+    for rid in "ab":
+        core.open(rid)
+        core.push(rid, codes[:2])
+    for rid in "cde":
+        core.open(rid)
+    if later:  # every first chunk has waited ``later`` seconds by the time groups are formed
+        real = time.monotonic
+        monkeypatch.setattr(time, "monotonic", lambda: real() + later)
+    order, got = [], {}
+    inner = core.runner
+    core.runner = lambda c, slots, n_new: (order.append(slots.tolist()), inner(c, slots, n_new))[1]
+    arrivals = [{"d": codes[:1], "e": codes[:1]}, {"a": codes[4:6]}]  # popped from the end: a's next chunk first
+    core.step({"a": codes[2:4], "b": codes[2:4], "c": codes[:1]}, on_ready=got.__setitem__,
+              more=lambda: arrivals.pop() if arrivals else {})
+    ref = forward_audio(m, codes[:6])
+    assert (got["a"] - ref[4 * SPF : 6 * SPF]).abs().max() <= 1e-9 and (got["b"] - ref[2 * SPF : 4 * SPF]).abs().max() <= 1e-9
+    assert all((got[rid] - ref[:SPF]).abs().max() <= 1e-9 for rid in "cde")
+    return order
+
+
+def test_first_chunks_gather_while_other_rows_keep_the_gpu_busy(m, codes):
+    """With ``first_chunk_wait``, first chunks hold back while playing streams have rows to run,
+    so that later first chunks join them in one group; once nothing else is queued they run at
+    once. Without it a first chunk runs in the very next group, alone."""
+    assert _gathering_step(m, codes) == [[2], [3, 4], [0, 1], [0]]
+    assert _gathering_step(m, codes, first_chunk_wait=5.0) == [[0, 1], [0], [3, 4, 2]]
+
+
+def test_first_chunks_stop_gathering_when_enough_wait_or_the_oldest_waited_long_enough(m, codes, monkeypatch):
+    assert _gathering_step(m, codes, first_chunk_wait=5.0, first_chunk_rows=1) == [[2], [3, 4], [0, 1], [0]]
+    assert _gathering_step(m, codes, monkeypatch, later=6.0, first_chunk_wait=5.0) == [[2], [3, 4], [0, 1], [0]]
+
+
 @pytest.mark.parametrize("group_by_size", [True, False])
 def test_group_by_size_keeps_one_size_class_per_group(m, codes, group_by_size):
     """By default (``group_by_size``) a group holds rows of one size class: 1-frame first chunks
@@ -562,14 +601,53 @@ def test_packed_graph_inputs_view_one_buffer_set_to_an_empty_step():
     """A graph's step inputs are views of one int64 buffer (so a step goes up in one copy):
     codes [b, q, t], slots [b], n_new [b], disjoint and covering it; before the real rows are
     written, every row is a scratch row with zero codes and no new frames."""
-    from code2wav.engine.graphs import packed_inputs
-
     buf, codes, slots, n_new = packed_inputs(3, 5, scratch_slot=7, q=16)
     assert buf.dtype == torch.long and buf.numel() == 3 * 16 * 5 + 2 * 3
     assert codes.shape == (3, 16, 5) and slots.shape == n_new.shape == (3,)
     assert codes.abs().sum() == 0 and slots.tolist() == [7, 7, 7] and n_new.tolist() == [0, 0, 0]
     codes[2, 15, 4], slots[0], n_new[2] = 2047, 1, 5  # writes through the views land in the buffer
     assert buf[3 * 16 * 5 - 1] == 2047 and buf[3 * 16 * 5] == 1 and buf[-1] == 5
+
+
+def test_packed_base_finds_the_staged_buffer_only_for_its_own_layout():
+    """A step staged by ``packed_inputs`` is recognised (so it goes up in one copy); views of
+    anything else, or of the buffer in another order, are not."""
+    buf, codes, slots, n_new = packed_inputs(2, 3, scratch_slot=5, q=16)
+    assert packed_base(codes, slots, n_new) is buf
+    assert packed_base(codes, n_new, slots) is None  # swapped views
+    assert packed_base(codes[:1], slots[:1], n_new[:1]) is None  # a slice of the step
+    assert packed_base(codes.clone(), slots, n_new) is None
+    assert packed_base(torch.zeros(2, 16, 3, dtype=torch.long), torch.zeros(2, dtype=torch.long), torch.zeros(2, dtype=torch.long)) is None
+
+
+def test_engine_stages_a_group_at_the_runners_padded_shape(m, codes):
+    """With a runner that pads every group to 4 rows x 8 frames (as a graph bucket does), the
+    engine hands it inputs staged at that shape in one buffer: real rows first, padding rows on
+    the scratch slot with no new frames, padding frames zero; the audio stays exact."""
+    core = StreamEngine(m, max_streams=3, group_by_size=False)  # one group of rows of 1, 2 and 3 frames
+    seen = []
+
+    class Padding:
+        def padded_shape(self, batch, frames):
+            return (4, 8)
+
+        def __call__(self, c, slots, n_new):
+            seen.append((c.clone(), slots.tolist(), n_new.tolist(), packed_base(c, slots, n_new) is not None))
+            return core._run_eager(c, slots, n_new)
+
+    core.runner = Padding()
+    for i in range(3):
+        core.open(f"s{i}", codes[: 2 * i])
+    out = core.step({f"s{i}": codes[2 * i : 2 * i + 1 + i] for i in range(3)})  # 1, 2 and 3 new frames
+    (c, slots, n_new, one_buffer), = seen
+    assert c.shape == (4, 16, 8) and one_buffer
+    assert slots == [0, 1, 2, core.pool.scratch_slot] and n_new == [1, 2, 3, 0]
+    for j in range(3):
+        assert torch.equal(c[j, :, : j + 1], codes[2 * j : 2 * j + 1 + j].T) and c[j, :, j + 1 :].abs().sum() == 0
+    assert c[3].abs().sum() == 0
+    for i in range(3):
+        assert out[f"s{i}"].shape == ((1 + i) * SPF,)
+        assert (out[f"s{i}"] - forward_audio(m, codes[: 3 * i + 1])[2 * i * SPF :]).abs().max() <= 1e-9
 
 
 def test_rows_grouped_under_the_frame_budget():
@@ -646,6 +724,27 @@ def test_bench_sustained_load_measures_a_window(m):
     assert res.samples <= res.streams * 6 * SPF
     assert res.steps and all(s > 0 for s in res.steps)
     assert core.active == 0 and core.pool.in_use == 0  # every stream finished, every slot back
+
+
+def test_bench_runs_each_level_once_per_first_chunk_wait(m, monkeypatch):
+    """``--first-chunk-wait-ms 0,5``: each level runs once per value on one engine, the engine
+    set to that value for the run, and each result names its value (None: the engine's default)."""
+    import code2wav.bench as bench
+
+    seen = []
+    real = bench._workload
+
+    async def workload(core, *a, **k):
+        seen.append(core.first_chunk_wait)
+        return await real(core, *a, **k)
+
+    monkeypatch.setattr(bench, "_workload", workload)
+    rows = bench.run(m, ["exact-eager"], [1, 2], frames=3, schedule=[1, 2], stagger_s=0.0, progress=False,
+                     first_chunk_waits=(0.0, 0.005, None))
+    d = FIRST_CHUNK_WAIT_S
+    assert [(r.concurrency, r.first_chunk_wait_ms) for r in rows] == [(1, 0.0), (1, 5.0), (1, d * 1e3), (2, 0.0), (2, 5.0), (2, d * 1e3)]
+    assert seen[1:] == [0.0, 0.005, d, 0.0, 0.005, d]  # the first is the untimed warm-up run
+    assert all(r.audio_s == r.concurrency * 3 * SPF / 24000 for r in rows)
 
 
 def test_bench_reports_the_share_of_padded_work(m):

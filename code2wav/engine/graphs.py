@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from code2wav.model.decoder import Decoder
-from code2wav.stream.pool import StatePool
+from code2wav.stream.pool import StatePool, packed_base, packed_inputs
 
 DEFAULT_FRAMES = (1, 2, 4, 8, 16, 25, 32)
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -71,18 +71,6 @@ class _Graph:
     packed: Tensor | None = None  # step graphs: one int64 buffer that codes, slots and n_new view
 
 
-def packed_inputs(b: int, t: int, scratch_slot: int, device: torch.device | str | None = None,
-                  pin_memory: bool = False, q: int = 16) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """One int64 buffer holding a (b, t) step's codes [b, q, t], slots [b] and n_new [b], and
-    those three views of it, set to an empty step (zero codes, scratch slots, no new frames).
-    A step's inputs then go up in one copy, not six small ops before every replay."""
-    n = b * q * t
-    buf = torch.zeros(n + 2 * b, dtype=torch.long, device=device, pin_memory=pin_memory)
-    codes, slots, n_new = buf[:n].view(b, q, t), buf[n : n + b], buf[n + b :]
-    slots.fill_(scratch_slot)
-    return buf, codes, slots, n_new
-
-
 class GraphRunner:
     """Drop-in ``StreamEngine.runner`` that replays captured graphs (and, for the engine's
     batched prefill, graphs of the front and back halves alone)."""
@@ -108,12 +96,14 @@ class GraphRunner:
         self.frames = 0  # real frames in the step graphs replayed
         self.padded_frames = 0  # rows x frames of those graphs, padding included
         self.pool_bytes = 0  # the graph pool after capture (memory_bytes() walks a snapshot: not per scrape)
+        self._shapes: dict[tuple[int, int], tuple[int, int] | None] = {}  # padded_shape's answers
 
     @torch.no_grad()
     def capture(self, prefill_shapes: list[tuple[str, int, int]] = ()) -> None:
         """Warm up and capture every bucket, largest first so smaller graphs reuse its memory;
         then the prefill passes' shapes (``StreamEngine.prefill_shapes()``)."""
         q = self.model.config.num_quantizers
+        self._shapes.clear()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         for b, t in sorted(self.buckets, key=lambda bt: -bt[0] * bt[1]):
@@ -146,9 +136,17 @@ class GraphRunner:
             out = fn(self.model, x, slots, n_new)
         return _Graph(g, (x, slots, n_new), out)
 
+    def padded_shape(self, batch: int, frames: int) -> tuple[int, int] | None:
+        """The (rows, frames) of the graph a step of this shape replays; None: it runs eagerly.
+        The engine stages a group's inputs at this shape, so they go up as they are."""
+        key = (batch, frames)
+        if key not in self._shapes:
+            self._shapes[key] = pick_bucket(list(self.graphs), batch, frames)
+        return self._shapes[key]
+
     def __call__(self, codes: Tensor, slots: Tensor, n_new: Tensor) -> Tensor:
         B, _, T = codes.shape
-        shape = pick_bucket(list(self.graphs), B, T)
+        shape = self.padded_shape(B, T)
         reason = None
         if shape is None:
             reason = "no bucket" if self.graphs else "not captured"
@@ -158,22 +156,29 @@ class GraphRunner:
             self.fallbacks[reason] += 1
             return self.pool.run(self.model, codes, slots, n_new)
         g = self.graphs[shape]
+        staged = packed_base(codes, slots, n_new) if shape == (B, T) and not codes.is_cuda else None
+        if staged is not None:  # the engine staged the step at the graph's shape: one copy up
+            g.packed.copy_(staged, non_blocking=True)
+            return self._replay(g, shape, n_new, B, T)
         if codes.is_cuda:  # device inputs (the bench's profiles): the graph's own, reset in place
             host, (codes_in, slots_in, n_in) = None, g.inputs
             codes_in.zero_()
             slots_in.fill_(self.pool.scratch_slot)
             n_in.zero_()
-        else:  # the engine's host inputs: padded on the host, then one copy up (the caching host
-            #    allocator keeps the pinned buffer until that copy has run)
+        else:  # host inputs of another shape: padded on the host, then one copy up (the caching
+            #    host allocator keeps the pinned buffer until that copy has run)
             host, codes_in, slots_in, n_in = packed_inputs(*shape, self.pool.scratch_slot, pin_memory=True, q=codes.shape[1])
         codes_in[:B, :, :T].copy_(codes)
         slots_in[:B].copy_(slots)
         n_in[:B].copy_(n_new)
         if host is not None:
             g.packed.copy_(host, non_blocking=True)
+        return self._replay(g, shape, n_new, B, T)
+
+    def _replay(self, g: _Graph, shape: tuple[int, int], n_new: Tensor, B: int, T: int) -> Tensor:
         g.graph.replay()
         self.hits += 1
-        self.frames += int(n_new.sum())  # n_new is on the host: no sync
+        self.frames += int(n_new.sum())  # n_new is on the host (or the graph's own, bench profiles)
         self.padded_frames += shape[0] * shape[1]
         return g.out[:B, : T * self.model.config.samples_per_frame]
 

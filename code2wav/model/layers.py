@@ -82,11 +82,11 @@ class CausalConvTranspose1d(StreamingLayer):
     transposed conv: block ``n`` is ``x[n] @ W_now + x[n-1] @ W_prev + bias``, where ``W_now`` and
     ``W_prev`` are the first and last ``s`` taps of the weight as ``[c_in, s * c_out]`` matrices
     (views of a channels-last weight), and ``[n, s * c_out]`` rows are ``[n * s, c_out]`` samples,
-    channels-last, with no copy. The prediction (not yet measured): cuDNN's transposed-conv kernels
-    took ~20-26 us each in a 1-frame step on an H200 (bench/profile_step.py), where a GEMV of the
-    same weights needs a few."""
+    channels-last, with no copy. cuDNN's transposed-conv kernels took ~20-26 us each in a 1-frame
+    step on an H200; as GEMMs every graph replay got faster (1x1 0.94 -> 0.88 ms, 20x25 8.58 ->
+    8.34 ms) and the graph pool smaller (844 -> 764 MiB): BENCHMARKS.md, session 8."""
 
-    as_gemm = False  # an A/B switch until it is measured (bench/profile_step.py "-convt=gemm")
+    as_gemm = True  # False: cuDNN's transposed conv (the A/B: bench/profile_step.py "-convt=cudnn")
 
     def __init__(self, c_in: int, c_out: int, kernel: int, stride: int, rate: int = 1):
         super().__init__()

@@ -20,6 +20,7 @@ decode); ``full`` re-decodes everything so far. The last two exist as benchmark 
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import OrderedDict, deque
@@ -28,16 +29,16 @@ from typing import Any, Callable, Literal, Mapping
 
 import torch
 from torch import Tensor
-from torch.nn.utils.rnn import pad_sequence
 
 from code2wav.codes import CodesError, as_frames
 from code2wav.model.decoder import Decoder
 from code2wav.kernels.history import window
-from code2wav.stream.pool import PoolFull, StatePool
+from code2wav.stream.pool import PoolFull, StatePool, packed_inputs
 
 Mode = Literal["exact", "windowed", "full"]
 OnReady = Callable[[str, "Tensor | Exception"], None]  # (request id, its audio or error)
 MODES: tuple[str, ...] = ("exact", "windowed", "full")
+FIRST_CHUNK_WAIT_S = 0.0  # StreamEngine(first_chunk_wait=...): see there
 
 
 class StreamError(ValueError):
@@ -65,6 +66,7 @@ class _Row:
     stream: _Stream
     frames: Tensor
     first: bool = False  # the stream's first chunk: nothing of it is playing yet
+    admitted: float = field(default_factory=time.monotonic)  # joined a step (first chunks gather by it)
     done: int = 0
     pieces: list[tuple[Tensor, int]] = field(default_factory=list)  # (padded audio row, valid samples)
 
@@ -87,6 +89,8 @@ class StreamEngine:
         max_prefix_frames: int = 4096,
         group_by_size: bool = True,
         split_lone_group: bool = False,
+        first_chunk_wait: float = FIRST_CHUNK_WAIT_S,
+        first_chunk_rows: int = 16,
     ):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -105,6 +109,12 @@ class StreamEngine:
         # meanwhile. Off: on an H200 it gave +2 % at c=16, within the spread between runs
         # (BENCHMARKS.md, sixth round; bench --split-lone-group is the A/B).
         self.split_lone_group = split_lone_group
+        # First chunks gather: while other rows keep the GPU busy, a first chunk waits up to
+        # ``first_chunk_wait`` seconds (or until ``first_chunk_rows`` of them wait) so that they
+        # share one forward, not one ~1 ms forward each for a few frames of audio. Never while
+        # the GPU would idle: a first chunk with nothing else queued runs at once.
+        self.first_chunk_wait = first_chunk_wait
+        self.first_chunk_rows = first_chunk_rows
         p = next(model.parameters())
         self.device, self.dtype = p.device, model.dtype  # the audio's dtype (the conv stack's)
         self.pool = StatePool(model, max_streams) if mode == "exact" else None
@@ -310,7 +320,9 @@ class StreamEngine:
         delivered as soon as its copy lands, and ``more`` is asked for new rows in between."""
         spf = self.cfg.samples_per_frame
         pin = self.device.type == "cuda"
+        stream = torch.cuda.current_stream(self.device) if pin else None  # looked up once: events record on it
         piece = min(self.max_step_frames, getattr(self.runner, "max_frames", None) or self.max_step_frames)
+        padded_shape = getattr(self.runner, "padded_shape", None)  # a graph runner's bucket for a group
         queue: deque[_Row] = deque()
 
         def enqueue(new: list[_Row]) -> None:
@@ -343,7 +355,7 @@ class StreamEngine:
                 enqueue(more())
             if not queue and not landed:
                 break
-            group, full = self._next_group(queue, piece, deliver)
+            group, full = self._next_group(queue, piece, deliver, self._gathering(queue))
             split = self.split_lone_group and not landed and not halved and len(group) > 1 and not full
             if split:  # the group took every ready row it could (the budget did not cut it)
                 h = (len(group) + 1) // 2
@@ -352,22 +364,17 @@ class StreamEngine:
             halved = split
             if group:
                 n = [r.next_piece(piece) for r in group]
-                # [B, max n, Q] zero-padded in one call, then laid out [B, Q, T] (pinned on CUDA)
-                padded = pad_sequence([r.frames[r.done : r.done + k] for r, k in zip(group, n)], batch_first=True)
-                codes = torch.empty(padded.shape[0], padded.shape[2], padded.shape[1], dtype=torch.long, pin_memory=pin)
-                codes.copy_(padded.transpose(1, 2))
-                meta = torch.tensor([[r.stream.slot for r in group], n])
-                slots, n_new = (meta.pin_memory() if pin else meta).unbind(0)
+                codes, slots, n_new = self._stage(group, n, padded_shape, pin)
                 if pin:
                     start = torch.cuda.Event(enable_timing=True)
-                    start.record()
+                    start.record(stream)
                 else:
                     start = time.perf_counter()
-                wav = self.runner(codes, slots, n_new)
+                wav = self.runner(codes, slots, n_new)[: len(group), : max(n) * spf]
                 if pin:
                     wav = torch.empty(wav.shape, dtype=wav.dtype, pin_memory=True).copy_(wav, non_blocking=True)
                     end = torch.cuda.Event(enable_timing=True)
-                    end.record()
+                    end.record(stream)
                 else:
                     end = time.perf_counter()
                 complete, left = [], []
@@ -381,13 +388,46 @@ class StreamEngine:
             if landed and (not pin or len(landed) > 1 or not group):
                 land()
 
-    def _next_group(self, queue: "deque[_Row]", piece: int, deliver: Callable[["_Stream", str, "Tensor | Exception"], None]) -> "tuple[list[_Row], bool]":
+    def _stage(self, group: "list[_Row]", n: list[int], padded_shape: "Callable[[int, int], tuple[int, int] | None] | None",
+               pin: bool) -> tuple[Tensor, Tensor, Tensor]:
+        """A group's inputs on the host (pinned on CUDA, so they go up asynchronously): codes
+        [B, Q, T], slots [B], n_new [B], views of one buffer, written with numpy (a torch op per
+        row costs more host time than the copy). At the runner's padded shape where it has one
+        (a graph's: then the buffer goes up as it is); padding rows are scratch rows with no new
+        frames, padding frames are zero codes the causal step never lets into a real sample."""
+        b, t = len(group), max(n)
+        b, t = (padded_shape(b, t) if padded_shape is not None else None) or (b, t)
+        assert self.pool is not None
+        _, codes, slots, n_new = packed_inputs(b, t, self.pool.scratch_slot, pin_memory=pin, q=self.cfg.num_quantizers)
+        c = codes.numpy()
+        for j, (r, k) in enumerate(zip(group, n)):
+            c[j, :, :k] = r.frames.numpy()[r.done : r.done + k].T
+        slots.numpy()[: len(group)] = [r.stream.slot for r in group]
+        n_new.numpy()[: len(group)] = n
+        return codes, slots, n_new
+
+    def _gathering(self, queue: "deque[_Row]") -> set[int]:
+        """Slots of the first chunks at the queue's head that wait for more to join them (see
+        ``first_chunk_wait``): none once enough wait, once the oldest has waited long enough, or
+        when no other stream has a row to run meanwhile."""
+        if self.first_chunk_wait <= 0 or not queue or not queue[0].first:
+            return set()
+        firsts = list(itertools.takewhile(lambda r: r.first, queue))
+        if len(firsts) >= self.first_chunk_rows or time.monotonic() - min(r.admitted for r in firsts) >= self.first_chunk_wait:
+            return set()
+        held = {r.stream.slot for r in firsts}
+        other_work = any(r.stream.slot not in held for r in itertools.islice(queue, len(firsts), None))
+        return held if other_work else set()
+
+    def _next_group(self, queue: "deque[_Row]", piece: int, deliver: Callable[["_Stream", str, "Tensor | Exception"], None],
+                    held: set[int] = frozenset()) -> "tuple[list[_Row], bool]":  # type: ignore[assignment]
         """The next group from the queue's head, and whether the budget cut it (a row that could
         have joined was left for lack of room): as many rows as the runner (or the frame
         budget) holds at their largest piece, one row per stream, streams ended meanwhile
         dropped. With ``group_by_size`` only rows whose piece is in the head's size class (the
         same power of two) join; the others keep their places (and block their streams' later
-        rows, so each stream's order holds): a 1-frame first chunk is then not padded to 25."""
+        rows, so each stream's order holds): a 1-frame first chunk is then not padded to 25.
+        Rows of ``held`` slots (first chunks gathering) keep their places too."""
         group: list[_Row] = []
         slots: set[int] = set()
         passed: list[_Row] = []  # left in the queue, in order
@@ -396,6 +436,9 @@ class StreamEngine:
             r = queue.popleft()
             if self._streams.get(r.stream.request_id) is not r.stream:  # aborted: its slot may be someone else's now
                 deliver(r.stream, r.stream.request_id, StreamError("stream_ended", f"stream {r.stream.request_id!r} ended while its chunk was queued"))
+                continue
+            if r.stream.slot in held:
+                passed.append(r)
                 continue
             n = r.next_piece(piece)
             other_class = self.group_by_size and size_class is not None and _bucket(n) != size_class
