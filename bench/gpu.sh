@@ -188,6 +188,14 @@ session8)  # ConvTranspose as GEMMs (now the default), one host staging per grou
   timeout 300 python3 -m code2wav.bench --modes exact-graph --levels 1,16,64,256 --seconds 3 --first-chunk-wait-ms 0,5,10 --out "$OUT/bench" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/sustained.txt"
   echo "=== summary ==="; checks_summary; tail -n 8 "$OUT/first_packet.txt"; grep -A14 "^mode" "$OUT/sustained.txt"
   ;;
+final8)  # session 8's shipped defaults (GEMM ConvTranspose, first chunks gather only while saturated, 5 ms):
+  #       checks, first packet leg by leg, the wait A/B with and without a prefix, the windowed baseline at c=16
+  timeout 130 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
+  timeout 60 python3 bench/first_packet.py 300 2>&1 | tee "$OUT/first_packet.txt"
+  timeout 330 python3 -m code2wav.bench --modes exact-graph --levels 1,16,64,256 --prefix 0,72 --seconds 3 --first-chunk-wait-ms 0,5,10 --out "$OUT/bench" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/sustained.txt"
+  timeout 60 python3 -m code2wav.bench --modes windowed --levels 16 --seconds 3 --out "$OUT/windowed" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/windowed.txt"
+  echo "=== summary ==="; checks_summary; tail -n 8 "$OUT/first_packet.txt"; grep -A26 "^mode" "$OUT/sustained.txt"; grep -A3 "^mode" "$OUT/windowed.txt"
+  ;;
 offline64)
   python3 bench/offline.py --device cuda --dtypes float32 --batches 64 --frames 125 --repeat 2 --no-autotune 2>&1 | tee "$OUT/offline_fp32_b64.txt"
   ;;

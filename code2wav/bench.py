@@ -59,7 +59,7 @@ class Result:
     stall_p99_ms: float = float("nan")  # per stream, playback stall the decoder added
     padding_pct: float = float("nan")  # graphs: share of the replayed work (rows x frames) that was padding
     rows_per_step: float = float("nan")  # mean rows per batched forward in the window
-    small_steps_pct: float = float("nan")  # graphs: share of the window's step time in forwards of <= 8 frames a row
+    small_steps_pct: float = float("nan")  # exact modes: share of the window's step time in forwards of <= 8 padded frames a row
     first_chunk_wait_ms: float = 0.0  # how long first chunks could wait to gather (StreamEngine.first_chunk_wait)
 
 
@@ -113,10 +113,11 @@ async def _workload(core: StreamEngine, concurrency: int, frames: int, schedule:
         inside = lambda t: start <= t <= end  # noqa: E731
         runner = core.runner
 
-        def on_step(seconds_: float, rows: int) -> None:
+        def on_step(seconds_: float, rows: int, frames_: int) -> None:
             if inside(time.perf_counter()):
                 m.steps.append(seconds_)
                 m.rows.append(rows)
+                m.widths.append(frames_)
                 if hasattr(runner, "padded_frames"):  # a GraphRunner counts the work it replays
                     m.work.append((runner.padded_frames, runner.frames))
 
@@ -174,13 +175,11 @@ def _padding_pct(work: "list[tuple[int, int]]") -> float:
     return 100 * (1 - (f1 - f0) / (p1 - p0))
 
 
-def _small_steps_pct(steps: "list[float]", rows: "list[int]", work: "list[tuple[int, int]]", frames: int = 8) -> float:
-    """Share of the step time (after the window's first step) spent in forwards whose padded
-    work is at most ``frames`` frames a row: the size class of first chunks, whose forwards
-    cost a GPU step each for little audio."""
-    per_step = [(s, (p1 - p0) / n) for s, n, (p0, _), (p1, _) in zip(steps[1:], rows[1:], work, work[1:])]
-    total = sum(s for s, _ in per_step)
-    return 100 * sum(s for s, f in per_step if f <= frames) / total if total else float("nan")
+def _small_steps_pct(steps: "list[float]", widths: "list[int]", frames: int = 8) -> float:
+    """Share of the step time spent in forwards of at most ``frames`` padded frames a row: the
+    size class of first chunks, whose forwards cost a GPU step each for little audio."""
+    total = sum(steps)
+    return 100 * sum(s for s, w in zip(steps, widths) if w <= frames) / total if total else float("nan")
 
 
 def playback_stall(arrivals: "tuple[float, ...]", frames: "tuple[int, ...]", fps: float) -> float:
@@ -204,6 +203,7 @@ class _Measured:
     stalls: list[float] = field(default_factory=list)  # paced: seconds each stream's playback waited
     work: list[tuple[int, int]] = field(default_factory=list)  # graphs: (padded, real) frames replayed so far, per step in the window
     rows: list[int] = field(default_factory=list)  # rows of each step in the window
+    widths: list[int] = field(default_factory=list)  # padded frames a row of each step in the window
 
 
 def run(
@@ -290,7 +290,7 @@ def run(
                         stall_p99_ms=_pct(m.stalls, 99),
                         padding_pct=_padding_pct(m.work),
                         rows_per_step=float(np.mean(m.rows)) if m.rows else float("nan"),
-                        small_steps_pct=_small_steps_pct(m.steps, m.rows, m.work) if m.work else float("nan"),
+                        small_steps_pct=_small_steps_pct(m.steps, m.widths) if mode.startswith("exact") else float("nan"),
                         first_chunk_wait_ms=core.first_chunk_wait * 1e3,
                     )
                 )

@@ -325,7 +325,7 @@ def _add_serve(sub) -> None:
     p.add_argument("--no-graphs", action="store_true", help="on CUDA, run steps eagerly instead of replaying CUDA graphs")
     p.add_argument("--first-chunk-wait-ms", type=float, default=None,
                    help="under load, a stream's first chunk may wait this long for other first chunks to share its forward; "
-                        "never while the device would idle (default: the engine's, code2wav.stream.engine.FIRST_CHUNK_WAIT_S; 0: at once)")
+                        "only while the device is saturated (default: the engine's, code2wav.stream.engine.FIRST_CHUNK_WAIT_S; 0: at once)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(func=_run_serve)
 

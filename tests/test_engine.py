@@ -45,7 +45,7 @@ def test_concurrent_streams_equal_each_alone(m, codes):
         core = StreamEngine(m, max_streams=12, max_step_frames=16, max_batch_frames=64)
         async with AsyncEngine(core) as eng:
             seen: list[int] = []
-            eng.on_step.append(lambda seconds, rows: seen.append(rows))
+            eng.on_step.append(lambda seconds, rows, frames: seen.append(rows))
 
             async def one(i):
                 p, sched = specs[i]
@@ -417,8 +417,10 @@ def test_churn_of_streams_during_continuous_steps_stays_exact_and_leaks_nothing(
 
 def test_first_chunks_go_ahead_of_streams_already_playing(m, codes):
     """A stream's first chunk joins the very next group, ahead of queued chunks of streams that
-    already have audio; the later chunks keep their order and every output stays exact."""
-    core = StreamEngine(m, max_streams=4, max_step_frames=8, max_batch_frames=8)  # one row per group
+    already have audio; the later chunks keep their order and every output stays exact. (Here
+    with ``first_chunk_wait=0``: the playing streams saturate the one-row groups, so by default
+    the first chunk would wait for others; see the gathering tests.)"""
+    core = StreamEngine(m, max_streams=4, max_step_frames=8, max_batch_frames=8, first_chunk_wait=0.0)  # one row per group
     for rid in "abc":
         core.open(rid)
         core.push(rid, codes[:2])  # playing
@@ -435,11 +437,13 @@ def test_first_chunks_go_ahead_of_streams_already_playing(m, codes):
     assert (got["d"] - ref[:SPF]).abs().max() <= 1e-9
 
 
-def _gathering_step(m, codes, monkeypatch=None, later: float = 0.0, **kw):
-    """Streams a, b playing (2-frame chunks queued), c, d, e opening (1-frame first chunks, d and e
-    arriving during the step); returns the slots of each group, in order, and checks every row's
-    audio against the whole forward."""
-    core = StreamEngine(m, max_streams=5, max_step_frames=8, max_batch_frames=16, **kw)
+def _gathering_step(m, codes, monkeypatch=None, later: float = 0.0, budget: int = 3, **kw):
+    """Streams a, b playing (2-frame chunks queued, a's next one arriving during the step), c, d, e
+    opening (1-frame first chunks, d and e arriving during the step); returns the slots of each
+    group, in order, and checks every row's audio against the whole forward. With the default
+    budget of 3 frames a forward holds one 2-frame row or three 1-frame ones, so the playing
+    streams' rows saturate it."""
+    core = StreamEngine(m, max_streams=5, max_step_frames=2, max_batch_frames=budget, **kw)
     for rid in "ab":
         core.open(rid)
         core.push(rid, codes[:2])
@@ -460,17 +464,19 @@ def _gathering_step(m, codes, monkeypatch=None, later: float = 0.0, **kw):
     return order
 
 
-def test_first_chunks_gather_while_other_rows_keep_the_gpu_busy(m, codes):
-    """With ``first_chunk_wait``, first chunks hold back while playing streams have rows to run,
-    so that later first chunks join them in one group; once nothing else is queued they run at
-    once. Without it a first chunk runs in the very next group, alone."""
-    assert _gathering_step(m, codes) == [[2], [3, 4], [0, 1], [0]]
-    assert _gathering_step(m, codes, first_chunk_wait=5.0) == [[0, 1], [0], [3, 4, 2]]
+def test_first_chunks_gather_while_other_rows_saturate_the_device(m, codes):
+    """With ``first_chunk_wait``, first chunks hold back while more rows of playing streams are
+    queued than the next forward holds, so that later first chunks join them in one forward;
+    once the rest fits in one forward they run. Without it a first chunk runs in the very next
+    forward, alone. Below saturation (a budget that holds every queued row) nothing waits."""
+    assert _gathering_step(m, codes, first_chunk_wait=0.0) == [[2], [3, 4], [0], [1], [0]]
+    assert _gathering_step(m, codes, first_chunk_wait=5.0) == [[0], [1], [3, 4, 2], [0]]
+    assert _gathering_step(m, codes, budget=16, first_chunk_wait=5.0) == [[2], [3, 4], [0, 1], [0]]
 
 
 def test_first_chunks_stop_gathering_when_enough_wait_or_the_oldest_waited_long_enough(m, codes, monkeypatch):
-    assert _gathering_step(m, codes, first_chunk_wait=5.0, first_chunk_rows=1) == [[2], [3, 4], [0, 1], [0]]
-    assert _gathering_step(m, codes, monkeypatch, later=6.0, first_chunk_wait=5.0) == [[2], [3, 4], [0, 1], [0]]
+    assert _gathering_step(m, codes, first_chunk_wait=5.0, first_chunk_rows=1) == [[2], [3, 4], [0], [1], [0]]
+    assert _gathering_step(m, codes, monkeypatch, later=6.0, first_chunk_wait=5.0) == [[2], [3, 4], [0], [1], [0]]
 
 
 @pytest.mark.parametrize("group_by_size", [True, False])
@@ -774,17 +780,17 @@ def test_bench_reports_the_share_of_padded_work(m):
     assert "54.2" in table([Result(**fields)])
 
 
-def test_bench_reports_the_time_share_of_first_chunk_sized_steps():
-    """``small_steps_pct``: of the step time after the window's first step, the share spent in
-    forwards of at most 8 padded frames a row (the first chunks' size class), each step's padded
-    work read from the runner's running count."""
-    from code2wav.bench import _small_steps_pct
+def test_bench_reports_the_time_share_of_first_chunk_sized_steps(m):
+    """``small_steps_pct``: the share of step time spent in forwards of at most 8 padded frames a
+    row (the first chunks' size class), each forward's width as the engine reports it with its
+    time (not read from a running count, which a pipelined next group has already moved)."""
+    from code2wav.bench import _small_steps_pct, _workload
 
-    steps = [0.001, 0.002, 0.003, 0.004]
-    rows = [1, 2, 16, 1]
-    work = [(8, 1), (10, 3), (410, 403), (411, 404)]  # after each step: 2 rows x 1, 16 x 25, 1 x 1
-    assert _small_steps_pct(steps, rows, work) == pytest.approx(100 * (0.002 + 0.004) / 0.009)
-    assert _small_steps_pct(steps[:1], rows[:1], work[:1]) != _small_steps_pct(steps[:1], rows[:1], work[:1])  # NaN: one step
+    assert _small_steps_pct([0.001, 0.002, 0.003, 0.004], [1, 25, 8, 9]) == pytest.approx(100 * 0.004 / 0.010)
+    assert np.isnan(_small_steps_pct([], []))
+    core = StreamEngine(m, max_streams=2, max_step_frames=8, max_batch_frames=8)
+    res = asyncio.run(_workload(core, 2, 6, [1, 5], 0, 0.0, seed=2))
+    assert sorted(zip(res.rows, res.widths)) == [(1, 5), (1, 5), (2, 1)]  # both first chunks, then each 5-frame chunk
 
 
 def test_bench_paced_talkers_count_the_stalls_the_decoder_adds(m):

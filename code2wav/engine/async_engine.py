@@ -58,7 +58,7 @@ class AsyncEngine:
         self.max_pending_chunks = max_pending_chunks
         self.batch_wait_s = batch_wait_s  # >0: wait a little for more rows (throughput mode)
         self.stats = EngineStats()
-        self.on_step: list[Callable[[float, int], None]] = []  # called with (seconds, rows) after every step
+        self.on_step: list[Callable[[float, int, int], None]] = []  # (seconds, rows, padded frames a row) after every step
         self._keep = keep_step_times
         self._pending: dict[str, deque[tuple[object, asyncio.Future, Encode | None]]] = {}
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="code2wav-step")
@@ -192,13 +192,13 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         spf = self.core.cfg.samples_per_frame
 
-        def on_group(seconds: float, rows: int) -> None:  # on the worker, after each batched forward
+        def on_group(seconds: float, rows: int, frames: int) -> None:  # on the worker, after each batched forward
             self.stats.steps += 1
             self.stats.rows += rows
             if len(self.stats.step_seconds) < self._keep:
                 self.stats.step_seconds.append(seconds)
             for hook in self.on_step:
-                hook(seconds, rows)
+                hook(seconds, rows, frames)
 
         self.core.on_group.append(on_group)
         try:

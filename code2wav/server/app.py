@@ -150,7 +150,7 @@ class _Metrics:
         self.errors = Counter("code2wav_errors", "Errors returned to clients, by code", ["code"], registry=self.registry)
         self.connections = Gauge("code2wav_websocket_connections", "Open WebSocket connections", registry=self.registry)
         self.requests = Counter("code2wav_requests", "Requests by endpoint", ["endpoint"], registry=self.registry)
-        engine.on_step.append(lambda seconds, rows: self.step_seconds.observe(seconds))
+        engine.on_step.append(lambda seconds, rows, frames: self.step_seconds.observe(seconds))
 
     def collect(self):
         core, stats = self.engine.core, self.engine.stats

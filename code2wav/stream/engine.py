@@ -38,7 +38,9 @@ from code2wav.stream.pool import PoolFull, StatePool, packed_inputs
 Mode = Literal["exact", "windowed", "full"]
 OnReady = Callable[[str, "Tensor | Exception"], None]  # (request id, its audio or error)
 MODES: tuple[str, ...] = ("exact", "windowed", "full")
-FIRST_CHUNK_WAIT_S = 0.0  # StreamEngine(first_chunk_wait=...): see there
+# StreamEngine(first_chunk_wait=...), see there. H200, c=64 / 256: +5 % throughput for one more
+# forward of waiting (~10 ms) on a first packet, only while the device is saturated (BENCHMARKS.md).
+FIRST_CHUNK_WAIT_S = 0.005
 
 
 class StreamError(ValueError):
@@ -109,10 +111,11 @@ class StreamEngine:
         # meanwhile. Off: on an H200 it gave +2 % at c=16, within the spread between runs
         # (BENCHMARKS.md, sixth round; bench --split-lone-group is the A/B).
         self.split_lone_group = split_lone_group
-        # First chunks gather: while other rows keep the GPU busy, a first chunk waits up to
-        # ``first_chunk_wait`` seconds (or until ``first_chunk_rows`` of them wait) so that they
-        # share one forward, not one ~1 ms forward each for a few frames of audio. Never while
-        # the GPU would idle: a first chunk with nothing else queued runs at once.
+        # First chunks gather: while the device is saturated (more rows of playing streams wait
+        # than the next forward holds), a first chunk waits up to ``first_chunk_wait`` seconds
+        # (or until ``first_chunk_rows`` of them wait) so that they share one forward, instead of
+        # one ~1 ms forward each for a few frames of audio displacing a full one. Below saturation
+        # a first chunk runs in the next forward: the device has room, waiting would buy nothing.
         self.first_chunk_wait = first_chunk_wait
         self.first_chunk_rows = first_chunk_rows
         p = next(model.parameters())
@@ -129,7 +132,7 @@ class StreamEngine:
         # (codes [B, Q, T] cpu, slots [B], n_new [B]) -> audio [B, T * spf]; a graph runner
         # replaces it on GPU.
         self.runner = self._run_eager
-        self.on_group: list[Callable[[float, int], None]] = []  # (seconds of one batched forward, rows in it)
+        self.on_group: list[Callable[[float, int, int], None]] = []  # (seconds of one batched forward, rows, padded frames a row)
         # open/finish/abort may come from another thread than the one running steps (the async
         # engine opens on its event loop while a continuous step runs on its worker).
         self._lock = threading.RLock()
@@ -333,18 +336,18 @@ class StreamEngine:
             queue.extend(r for r in new if not r.first)
 
         enqueue(rows)
-        landed: deque[tuple[Any, Any, list[_Row], int]] = deque()  # (copy done, start, rows it completes, rows in it)
+        landed: deque[tuple[Any, Any, list[_Row], int, int]] = deque()  # (copy done, start, rows it completes, rows in it, frames a row)
         halved = False  # the last group was the first half of a split one: the second half runs whole
 
         def land() -> None:
-            end, start, complete, n = landed.popleft()
+            end, start, complete, n, frames = landed.popleft()
             if pin:
                 end.synchronize()
                 seconds = start.elapsed_time(end) / 1e3
             else:
                 seconds = end - start
             for hook in self.on_group:
-                hook(seconds, n)
+                hook(seconds, n, frames)
             for row in complete:  # a one-piece row (the usual case) is a view: no copy
                 audio = row.pieces[0][0][: row.pieces[0][1]] if len(row.pieces) == 1 else torch.cat([w[:k] for w, k in row.pieces])
                 row.pieces = []
@@ -355,7 +358,7 @@ class StreamEngine:
                 enqueue(more())
             if not queue and not landed:
                 break
-            group, full = self._next_group(queue, piece, deliver, self._gathering(queue))
+            group, full = self._next_group(queue, piece, deliver, self._gathering(queue, piece))
             split = self.split_lone_group and not landed and not halved and len(group) > 1 and not full
             if split:  # the group took every ready row it could (the budget did not cut it)
                 h = (len(group) + 1) // 2
@@ -364,7 +367,7 @@ class StreamEngine:
             halved = split
             if group:
                 n = [r.next_piece(piece) for r in group]
-                codes, slots, n_new = self._stage(group, n, padded_shape, pin)
+                codes, slots, n_new = self._stage(group, n, padded_shape, pin)  # codes: [B, Q, frames a row]
                 if pin:
                     start = torch.cuda.Event(enable_timing=True)
                     start.record(stream)
@@ -383,7 +386,7 @@ class StreamEngine:
                     r.done += k
                     (complete if r.done == r.frames.shape[0] else left).append(r)
                 queue.extendleft(reversed(left))  # next pieces first: ahead of their streams' later rows
-                landed.append((end, start, complete, len(group)))
+                landed.append((end, start, complete, len(group), codes.shape[-1]))
             # On CUDA one group stays queued on the GPU while the one before it is delivered.
             if landed and (not pin or len(landed) > 1 or not group):
                 land()
@@ -406,18 +409,19 @@ class StreamEngine:
         n_new.numpy()[: len(group)] = n
         return codes, slots, n_new
 
-    def _gathering(self, queue: "deque[_Row]") -> set[int]:
+    def _gathering(self, queue: "deque[_Row]", piece: int) -> set[int]:
         """Slots of the first chunks at the queue's head that wait for more to join them (see
         ``first_chunk_wait``): none once enough wait, once the oldest has waited long enough, or
-        when no other stream has a row to run meanwhile."""
+        unless other streams' rows fill the next forward and more wait behind it."""
         if self.first_chunk_wait <= 0 or not queue or not queue[0].first:
             return set()
         firsts = list(itertools.takewhile(lambda r: r.first, queue))
         if len(firsts) >= self.first_chunk_rows or time.monotonic() - min(r.admitted for r in firsts) >= self.first_chunk_wait:
             return set()
         held = {r.stream.slot for r in firsts}
-        other_work = any(r.stream.slot not in held for r in itertools.islice(queue, len(firsts), None))
-        return held if other_work else set()
+        others = [r for r in itertools.islice(queue, len(firsts), None) if r.stream.slot not in held]
+        saturated = bool(others) and len(others) > self._max_rows(others[0].next_piece(piece))
+        return held if saturated else set()
 
     def _next_group(self, queue: "deque[_Row]", piece: int, deliver: Callable[["_Stream", str, "Tensor | Exception"], None],
                     held: set[int] = frozenset()) -> "tuple[list[_Row], bool]":  # type: ignore[assignment]
