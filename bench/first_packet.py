@@ -1,8 +1,8 @@
 """Where a lone stream's first packet spends its time: one stream at a time pushes one frame
 through the async engine (graphs of the 1- and 25-frame steps only, so capture is quick), and
 each push is stamped at submit, step entry, runner entry, replay launched, audio handed over on
-the worker, and the future resolved on the event loop. Prints the medians of each leg and the
-step's GPU time. argv: [pushes, default 300] [dtype, default bfloat16] ["profile": cProfile the
+the worker, and the future resolved on the event loop. Prints the medians of each leg, the
+step's GPU time, and the engine's parts before the runner (admission, grouping, staging). argv: [pushes, default 300] [dtype, default bfloat16] ["profile": cProfile the
 worker's steps and print their costliest calls]."""
 
 from __future__ import annotations
@@ -34,18 +34,39 @@ def main() -> int:
     runner.capture()
     core.runner = runner
     marks: dict[str, float] = {}
+    spent: dict[str, float] = {}  # inside the step: seconds per part, summed over its calls in one push
+    before_runner: dict[str, float] = {}  # ``spent`` when the runner was called
 
-    def stamp(name, fn):
-        def wrapped(*a, **k):
-            marks[name] = time.perf_counter()
-            out = fn(*a, **k)
-            marks[name + " done"] = time.perf_counter()
+    class Stamped:
+        """``fn`` with its calls stamped; its attributes (a runner's buckets) show through."""
+
+        def __init__(self, name, fn):
+            self.name, self.fn = name, fn
+
+        def __call__(self, *a, **k):
+            if self.name == "runner":  # the parts spent before the replay is launched
+                before_runner.clear()
+                before_runner.update(spent)
+            marks[self.name] = t = time.perf_counter()
+            out = self.fn(*a, **k)
+            marks[self.name + " done"] = now = time.perf_counter()
+            spent[self.name] = spent.get(self.name, 0.0) + now - t
             return out
-        return wrapped
+
+        def __getattr__(self, attr):
+            return getattr(self.fn, attr)
+
+    stamp = Stamped
+    parts = ("_admit", "_gathering", "_next_group", "_stage")  # the host's parts before the replay
+    for part in parts:
+        setattr(core, part, Stamped(part, getattr(core, part)))
+    runner._replay = Stamped("replay + count", runner._replay)
 
     real_step = core.step
 
     def step(chunks, on_ready=None, more=None):
+        spent.clear()
+
         def ready(rid, res):
             marks["handed over"] = time.perf_counter()
             on_ready(rid, res)
@@ -74,13 +95,14 @@ def main() -> int:
                 await fut
                 gpu = eng.stats.step_seconds[-1]
                 legs.append((marks["step"] - t0, marks["runner"] - marks["step"], marks["runner done"] - marks["runner"],
-                             marks["handed over"] - marks["runner done"], resolved[0] - marks["handed over"], resolved[0] - t0, gpu))
+                             marks["handed over"] - marks["runner done"], resolved[0] - marks["handed over"], resolved[0] - t0, gpu,
+                             *(before_runner.get(p, 0.0) for p in parts), spent["replay + count"]))
                 await eng.finish(rid)
                 await asyncio.sleep(0.002)
 
     asyncio.run(run())
     names = ("submit -> step", "step -> runner", "runner (replay launched)", "-> handed over (GPU, D2H)", "-> resolved on the loop",
-             "first packet", "GPU step (events)")
+             "first packet", "GPU step (events)", *(f"step -> runner: {p}" for p in parts), "runner: replay + count")
     warm = legs[len(legs) // 10:]
     print(f"{dtype}, low-rate stages {model.low_rate_dtype}; medians over {len(warm)} first packets, us")
     for name, col in zip(names, zip(*warm)):

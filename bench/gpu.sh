@@ -196,6 +196,14 @@ final8)  # session 8's shipped defaults (GEMM ConvTranspose, first chunks gather
   timeout 60 python3 -m code2wav.bench --modes windowed --levels 16 --seconds 3 --out "$OUT/windowed" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/windowed.txt"
   echo "=== summary ==="; checks_summary; tail -n 8 "$OUT/first_packet.txt"; grep -A26 "^mode" "$OUT/sustained.txt"; grep -A3 "^mode" "$OUT/windowed.txt"
   ;;
+last8)  # session 8's last call: the host path (staging reused, events reused, codes checked in numpy, the saturation
+  #      scan bounded) leg by leg, the wait A/B at c=1/64/256 with and without a prefix, then the checks
+  timeout 60 python3 bench/first_packet.py 300 2>&1 | tee "$OUT/first_packet.txt"
+  timeout 240 python3 -m code2wav.bench --modes exact-graph --levels 1,64,256 --prefix 0,72 --seconds 3 --first-chunk-wait-ms 0,5 --out "$OUT/bench" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/sustained.txt"
+  echo "=== summary ==="; tail -n 13 "$OUT/first_packet.txt"; grep -A14 "^mode" "$OUT/sustained.txt"
+  timeout 110 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
+  checks_summary
+  ;;
 offline64)
   python3 bench/offline.py --device cuda --dtypes float32 --batches 64 --frames 125 --repeat 2 --no-autotune 2>&1 | tee "$OUT/offline_fp32_b64.txt"
   ;;

@@ -21,10 +21,14 @@ def as_frames(
     """Check one stream's frames and return them as a ``[n, num_quantizers]`` int64 CPU tensor.
 
     Accepts a tensor, numpy array or nested list of integers shaped ``[n, Q]`` (the layout the
-    official encoder returns per item). Every code must lie in ``[0, codebook_size)``.
+    official encoder returns per item). Every code must lie in ``[0, codebook_size)``. Checked
+    in numpy: this runs on every chunk's way to the device, where each torch op costs
+    microseconds of dispatch.
     """
     if isinstance(codes, Tensor):
-        t = codes.detach().cpu()
+        if codes.dtype.is_floating_point or codes.dtype == torch.bool or codes.is_complex():
+            raise CodesError("bad_dtype", f"{what}: codes must be integers, got {codes.dtype}")
+        arr = codes.detach().cpu().numpy()
     else:
         try:
             arr = np.asarray(codes)
@@ -34,22 +38,20 @@ def as_frames(
             raise CodesError("bad_shape", f"{what}: not a rectangular array of integers")
         if arr.size == 0 and arr.dtype.kind == "f":
             arr = arr.astype(np.int64)  # [] parses as float64
-        t = torch.from_numpy(np.ascontiguousarray(arr))
-    if t.dtype.is_floating_point or t.dtype == torch.bool or t.is_complex():
-        raise CodesError("bad_dtype", f"{what}: codes must be integers, got {t.dtype}")
-    if t.dim() != 2 or t.shape[1] != num_quantizers:
-        if not (allow_empty and t.numel() == 0):
-            raise CodesError("bad_shape", f"{what}: expected shape [frames, {num_quantizers}], got {list(t.shape)}")
-        t = t.reshape(0, num_quantizers)
-    if t.shape[0] == 0 and not allow_empty:
+    if arr.dtype.kind not in "iu":
+        raise CodesError("bad_dtype", f"{what}: codes must be integers, got {arr.dtype}")
+    if arr.ndim != 2 or arr.shape[1] != num_quantizers:
+        if not (allow_empty and arr.size == 0):
+            raise CodesError("bad_shape", f"{what}: expected shape [frames, {num_quantizers}], got {list(arr.shape)}")
+        arr = arr.reshape(0, num_quantizers)
+    if arr.shape[0] == 0 and not allow_empty:
         raise CodesError("empty", f"{what}: no frames")
-    t = t.to(torch.int64)
-    if t.numel():
-        lo, hi = (int(v) for v in torch.aminmax(t))
+    if arr.size:
+        lo, hi = int(arr.min()), int(arr.max())
         if lo < 0 or hi >= codebook_size:
             bad = lo if lo < 0 else hi
             raise CodesError("out_of_range", f"{what}: code {bad} outside [0, {codebook_size})")
-    return t
+    return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.int64))
 
 
 def padded_batch(codes: object, num_quantizers: int, codebook_size: int, lengths: object = None) -> tuple[Tensor, Tensor]:

@@ -629,9 +629,10 @@ def test_packed_base_finds_the_staged_buffer_only_for_its_own_layout():
 def test_engine_stages_a_group_at_the_runners_padded_shape(m, codes):
     """With a runner that pads every group to 4 rows x 8 frames (as a graph bucket does), the
     engine hands it inputs staged at that shape in one buffer: real rows first, padding rows on
-    the scratch slot with no new frames, padding frames zero; the audio stays exact."""
+    the scratch slot with no new frames, padding frames zero; the audio stays exact. The buffer
+    is reused for the next group of that shape."""
     core = StreamEngine(m, max_streams=3, group_by_size=False)  # one group of rows of 1, 2 and 3 frames
-    seen = []
+    seen, buffers = [], set()
 
     class Padding:
         def padded_shape(self, batch, frames):
@@ -639,6 +640,7 @@ def test_engine_stages_a_group_at_the_runners_padded_shape(m, codes):
 
         def __call__(self, c, slots, n_new):
             seen.append((c.clone(), slots.tolist(), n_new.tolist(), packed_base(c, slots, n_new) is not None))
+            buffers.add(c.data_ptr())
             return core._run_eager(c, slots, n_new)
 
     core.runner = Padding()
@@ -654,6 +656,13 @@ def test_engine_stages_a_group_at_the_runners_padded_shape(m, codes):
     for i in range(3):
         assert out[f"s{i}"].shape == ((1 + i) * SPF,)
         assert (out[f"s{i}"] - forward_audio(m, codes[: 3 * i + 1])[2 * i * SPF :]).abs().max() <= 1e-9
+    # The next group of that shape reuses the buffer, reset: nothing of the last group is left.
+    out = core.step({"s1": codes[4:5]})
+    c2, slots, n_new, _ = seen[1]
+    assert slots == [1] + [core.pool.scratch_slot] * 3 and n_new == [1, 0, 0, 0]
+    assert torch.equal(c2[0, :, :1], codes[4:5].T) and c2[0, :, 1:].abs().sum() == 0 and c2[1:].abs().sum() == 0
+    assert (out["s1"] - forward_audio(m, codes[:5])[4 * SPF :]).abs().max() <= 1e-9
+    assert len(seen) == 2 and len(buffers) == 1  # one buffer, staged twice
 
 
 def test_rows_grouped_under_the_frame_budget():

@@ -27,6 +27,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -75,6 +76,23 @@ class _Row:
     def next_piece(self, piece: int) -> int:
         """Frames of this row's next launch: what is left, at most ``piece``."""
         return min(self.frames.shape[0] - self.done, piece)
+
+
+@dataclass
+class _Staged:
+    """A group's host inputs: codes [B, Q, T], slots [B], n_new [B] as views of one buffer
+    (``packed_inputs``), and numpy views of the same memory to write them with."""
+
+    shape: tuple[int, int]
+    codes: Tensor
+    slots: Tensor
+    n_new: Tensor
+    arrays: tuple[np.ndarray, np.ndarray, np.ndarray]
+
+    @classmethod
+    def new(cls, b: int, t: int, scratch_slot: int, q: int, pin: bool) -> "_Staged":
+        _, codes, slots, n_new = packed_inputs(b, t, scratch_slot, pin_memory=pin, q=q)
+        return cls((b, t), codes, slots, n_new, (codes.numpy(), slots.numpy(), n_new.numpy()))
 
 
 class StreamEngine:
@@ -136,6 +154,11 @@ class StreamEngine:
         # open/finish/abort may come from another thread than the one running steps (the async
         # engine opens on its event loop while a continuous step runs on its worker).
         self._lock = threading.RLock()
+        # Host inputs of graph-shaped groups, reused once their group has landed (its copy up is
+        # done): allocating pinned memory and building views per group cost more host time on
+        # a first packet's path than writing the inputs. Likewise the timing events.
+        self._staged: dict[tuple[int, int], list[_Staged]] = {}
+        self._events: list[Any] = []
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -336,16 +359,20 @@ class StreamEngine:
             queue.extend(r for r in new if not r.first)
 
         enqueue(rows)
-        landed: deque[tuple[Any, Any, list[_Row], int, int]] = deque()  # (copy done, start, rows it completes, rows in it, frames a row)
+        landed: deque[tuple[Any, Any, list[_Row], int, _Staged]] = deque()  # (copy done, start, rows it completes, rows in it, inputs)
         halved = False  # the last group was the first half of a split one: the second half runs whole
 
         def land() -> None:
-            end, start, complete, n, frames = landed.popleft()
+            end, start, complete, n, staged = landed.popleft()
             if pin:
                 end.synchronize()
                 seconds = start.elapsed_time(end) / 1e3
+                self._events += (start, end)
             else:
                 seconds = end - start
+            frames = staged.shape[1]
+            if padded_shape is not None and padded_shape(*staged.shape) == staged.shape:  # a graph's shape: few, so kept
+                self._staged.setdefault(staged.shape, []).append(staged)
             for hook in self.on_group:
                 hook(seconds, n, frames)
             for row in complete:  # a one-piece row (the usual case) is a view: no copy
@@ -367,16 +394,15 @@ class StreamEngine:
             halved = split
             if group:
                 n = [r.next_piece(piece) for r in group]
-                codes, slots, n_new = self._stage(group, n, padded_shape, pin)  # codes: [B, Q, frames a row]
+                staged = self._stage(group, n, padded_shape, pin)
                 if pin:
-                    start = torch.cuda.Event(enable_timing=True)
+                    start, end = (self._events.pop() if self._events else torch.cuda.Event(enable_timing=True) for _ in range(2))
                     start.record(stream)
                 else:
                     start = time.perf_counter()
-                wav = self.runner(codes, slots, n_new)[: len(group), : max(n) * spf]
+                wav = self.runner(staged.codes, staged.slots, staged.n_new)[: len(group), : max(n) * spf]
                 if pin:
                     wav = torch.empty(wav.shape, dtype=wav.dtype, pin_memory=True).copy_(wav, non_blocking=True)
-                    end = torch.cuda.Event(enable_timing=True)
                     end.record(stream)
                 else:
                     end = time.perf_counter()
@@ -386,28 +412,32 @@ class StreamEngine:
                     r.done += k
                     (complete if r.done == r.frames.shape[0] else left).append(r)
                 queue.extendleft(reversed(left))  # next pieces first: ahead of their streams' later rows
-                landed.append((end, start, complete, len(group), codes.shape[-1]))
+                landed.append((end, start, complete, len(group), staged))
             # On CUDA one group stays queued on the GPU while the one before it is delivered.
             if landed and (not pin or len(landed) > 1 or not group):
                 land()
 
     def _stage(self, group: "list[_Row]", n: list[int], padded_shape: "Callable[[int, int], tuple[int, int] | None] | None",
-               pin: bool) -> tuple[Tensor, Tensor, Tensor]:
-        """A group's inputs on the host (pinned on CUDA, so they go up asynchronously): codes
-        [B, Q, T], slots [B], n_new [B], views of one buffer, written with numpy (a torch op per
-        row costs more host time than the copy). At the runner's padded shape where it has one
-        (a graph's: then the buffer goes up as it is); padding rows are scratch rows with no new
-        frames, padding frames are zero codes the causal step never lets into a real sample."""
+               pin: bool) -> _Staged:
+        """A group's inputs on the host (pinned on CUDA, so they go up asynchronously), written
+        with numpy (a torch op per row costs more host time than the copy). At the runner's
+        padded shape where it has one (a graph's: then the buffer goes up as it is, and is
+        reused); padding rows are scratch rows with no new frames, padding frames are zero codes
+        the causal step never lets into a real sample."""
+        assert self.pool is not None
         b, t = len(group), max(n)
         b, t = (padded_shape(b, t) if padded_shape is not None else None) or (b, t)
-        assert self.pool is not None
-        _, codes, slots, n_new = packed_inputs(b, t, self.pool.scratch_slot, pin_memory=pin, q=self.cfg.num_quantizers)
-        c = codes.numpy()
+        free = self._staged.get((b, t))
+        reused = bool(free)
+        staged = free.pop() if free else _Staged.new(b, t, self.pool.scratch_slot, self.cfg.num_quantizers, pin)
+        codes, slots, n_new = staged.arrays
+        if reused:  # back to an empty step (zero codes, scratch rows)
+            codes[:], slots[:], n_new[:] = 0, self.pool.scratch_slot, 0
         for j, (r, k) in enumerate(zip(group, n)):
-            c[j, :, :k] = r.frames.numpy()[r.done : r.done + k].T
-        slots.numpy()[: len(group)] = [r.stream.slot for r in group]
-        n_new.numpy()[: len(group)] = n
-        return codes, slots, n_new
+            codes[j, :, :k] = r.frames.numpy()[r.done : r.done + k].T
+        slots[: len(group)] = [r.stream.slot for r in group]
+        n_new[: len(group)] = n
+        return staged
 
     def _gathering(self, queue: "deque[_Row]", piece: int) -> set[int]:
         """Slots of the first chunks at the queue's head that wait for more to join them (see
@@ -419,9 +449,14 @@ class StreamEngine:
         if len(firsts) >= self.first_chunk_rows or time.monotonic() - min(r.admitted for r in firsts) >= self.first_chunk_wait:
             return set()
         held = {r.stream.slot for r in firsts}
-        others = [r for r in itertools.islice(queue, len(firsts), None) if r.stream.slot not in held]
-        saturated = bool(others) and len(others) > self._max_rows(others[0].next_piece(piece))
-        return held if saturated else set()
+        others, room = 0, 0  # rows of other streams; what the next forward holds (read at the first)
+        for r in itertools.islice(queue, len(firsts), None):  # stops after ~one forward's rows
+            if r.stream.slot not in held:
+                room = room or self._max_rows(r.next_piece(piece))
+                others += 1
+                if others > room:
+                    return held
+        return set()
 
     def _next_group(self, queue: "deque[_Row]", piece: int, deliver: Callable[["_Stream", str, "Tensor | Exception"], None],
                     held: set[int] = frozenset()) -> "tuple[list[_Row], bool]":  # type: ignore[assignment]
