@@ -58,7 +58,7 @@ checks_summary() { grep -E "^(PASS|FAIL|SUMMARY|INFO)" "$OUT/gpu_check.txt"; }
 
 case "${1:-final}" in
 final)
-  timeout 130 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
+  timeout 200 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
   timeout 80 python3 bench/profile_step.py bfloat16 2>&1 | tee "$OUT/profile.txt"
   timeout 220 python3 -m code2wav.bench --modes exact-graph --levels 1,16,64,256 --prefix 0,72 --seconds 3 --out /tmp/bench 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/sustained.txt"
   echo "=== summary ==="; checks_summary; grep -B1 -A9 "eager ms" "$OUT/profile.txt"; grep -- "^---" "$OUT/profile.txt"
@@ -76,7 +76,7 @@ stream)
   echo "=== summary ==="; tail -n 42 "$OUT/bench.txt"; tail -n 4 "$OUT/offline.txt"
   ;;
 perf)
-  timeout 110 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
+  timeout 200 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
   timeout 150 python3 bench/profile_step.py bfloat16 2>&1 | tee "$OUT/profile.txt"
   for budget in 128 512; do
     timeout 110 python3 -m code2wav.bench --modes exact-graph --levels 1,16,64,256 --frames 101 --max-batch-frames $budget --out "$OUT/budget$budget" 2>&1 | tee "$OUT/bench$budget.txt"
@@ -115,7 +115,7 @@ group)  # A/B of StreamEngine(group_by_size=True): same sustained workload, one 
   echo "=== summary ==="; grep -A10 "^mode" "$OUT/group_ab.txt"
   ;;
 session4)  # continuous steps: checks, sustained load at budgets 256 and 512, the burst for comparison
-  timeout 130 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
+  timeout 200 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
   timeout 200 python3 -m code2wav.bench --modes exact-graph --levels 1,16,64,256 --prefix 0,72 --seconds 3 --out /tmp/sustained 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/sustained.txt"
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 160 python3 -m code2wav.bench --modes exact-graph --levels 64,256 --seconds 3 --max-batch-frames 512 --out /tmp/sustained_512 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/sustained_512.txt"
   timeout 130 python3 -m code2wav.bench --modes exact-graph --levels 1,16,64,256 --frames 101 --out /tmp/burst 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/burst.txt"
@@ -123,7 +123,7 @@ session4)  # continuous steps: checks, sustained load at budgets 256 and 512, th
   for f in sustained sustained_512 burst; do echo "-- $f"; grep -A10 "^mode" "$OUT/$f.txt"; done
   ;;
 session5)
-  timeout 130 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
+  timeout 200 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
   timeout 100 python3 bench/unit_tail.py 16x25 2>&1 | tee "$OUT/unit_tail.txt"
   timeout 170 python3 bench/profile_step.py bfloat16 channels_last,channels_last-unfused 2>&1 | tee "$OUT/profile.txt"
   timeout 200 python3 -m code2wav.bench --modes exact-graph --levels 1,16,64,256 --prefix 0,72 --seconds 3 --out /tmp/bench 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/sustained.txt"
@@ -148,33 +148,33 @@ convs)  # is an undilated form of the dilated convs, or cuDNN's full search, fas
   done
   ;;
 session6)  # the folded convs: checks, step A/B (folded vs dilated), sustained load at the defaults
-  timeout 130 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
+  timeout 200 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
   timeout 260 python3 bench/profile_step.py bfloat16 channels_last,channels_last-fold=none 2>&1 | tee "$OUT/profile.txt"
   timeout 220 python3 -m code2wav.bench --modes exact-graph --levels 1,16,64,256 --prefix 0,72 --seconds 3 --out /tmp/bench 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/sustained.txt"
   echo "=== summary ==="; checks_summary; grep -B1 -A9 "eager ms" "$OUT/profile.txt"; grep -- "^---" "$OUT/profile.txt"
   grep -A10 "^mode" "$OUT/sustained.txt"
   ;;
 lowrate)  # the low-rate stages in float32 (TF32) under bf16: checks (SNR), sustained load
-  timeout 110 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
+  timeout 200 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
   timeout 150 python3 -m code2wav.bench --modes exact-graph --levels 1,64,256 --seconds 3 --out /tmp/bench 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/sustained.txt"
   echo "=== summary ==="; checks_summary; grep -A6 "^mode" "$OUT/sustained.txt"
   ;;
 session7)  # the default (float32 low-rate stages) after one-copy graph inputs and divisor channel tiles
-  timeout 130 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
+  timeout 200 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
   timeout 90 python3 bench/first_packet.py 300 2>&1 | tee "$OUT/first_packet.txt"
   timeout 200 python3 -m code2wav.bench --modes exact-graph --levels 1,16,64,256 --seconds 3 --out /tmp/bench 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/sustained.txt"
   echo "=== summary ==="; checks_summary; tail -n 8 "$OUT/first_packet.txt"; grep -A6 "^mode" "$OUT/sustained.txt"
   ;;
 targets)  # every issue-4 target in one call: checks (SNR, exactness), first packet leg by leg,
   #          exact-graph and windowed side by side under sustained load, prefix 0 and 72
-  timeout 130 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
+  timeout 200 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
   timeout 90 python3 bench/first_packet.py 300 2>&1 | tee "$OUT/first_packet.txt"
   timeout 380 python3 -m code2wav.bench --modes exact-graph,windowed --levels 1,16,64,256 --prefix 0,72 --seconds 3 --out "$OUT/bench" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/sustained.txt"
   echo "=== summary ==="; checks_summary; tail -n 8 "$OUT/first_packet.txt"; grep -A18 "^mode" "$OUT/sustained.txt"
   ;;
 convt)  # A/B of CausalConvTranspose1d.as_gemm: graph replay per step shape and eager profiles,
   #        sustained load with and without it (one machine start), the checks (3c covers it)
-  timeout 130 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
+  timeout 200 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
   timeout 170 python3 bench/profile_step.py bfloat16 channels_last-convt=cudnn,channels_last 2>&1 | tee "$OUT/profile.txt"
   for g in cudnn gemm; do
     echo "--convt $g" | tee -a "$OUT/sustained_ab.txt"
@@ -183,14 +183,14 @@ convt)  # A/B of CausalConvTranspose1d.as_gemm: graph replay per step shape and 
   echo "=== summary ==="; checks_summary; grep -B1 -A9 "eager ms" "$OUT/profile.txt"; grep -A4 "^mode" "$OUT/sustained_ab.txt"
   ;;
 session8)  # ConvTranspose as GEMMs (now the default), one host staging per group; first chunks gathering (A/B of the wait)
-  timeout 130 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
+  timeout 200 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
   timeout 90 python3 bench/first_packet.py 300 2>&1 | tee "$OUT/first_packet.txt"
   timeout 300 python3 -m code2wav.bench --modes exact-graph --levels 1,16,64,256 --seconds 3 --first-chunk-wait-ms 0,5,10 --out "$OUT/bench" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/sustained.txt"
   echo "=== summary ==="; checks_summary; tail -n 8 "$OUT/first_packet.txt"; grep -A14 "^mode" "$OUT/sustained.txt"
   ;;
 final8)  # session 8's shipped defaults (GEMM ConvTranspose, first chunks gather only while saturated, 5 ms):
   #       checks, first packet leg by leg, the wait A/B with and without a prefix, the windowed baseline at c=16
-  timeout 130 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
+  timeout 200 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
   timeout 60 python3 bench/first_packet.py 300 2>&1 | tee "$OUT/first_packet.txt"
   timeout 330 python3 -m code2wav.bench --modes exact-graph --levels 1,16,64,256 --prefix 0,72 --seconds 3 --first-chunk-wait-ms 0,5,10 --out "$OUT/bench" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/sustained.txt"
   timeout 60 python3 -m code2wav.bench --modes windowed --levels 16 --seconds 3 --out "$OUT/windowed" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/windowed.txt"
@@ -201,7 +201,7 @@ last8)  # session 8's last call: the host path (staging reused, events reused, c
   timeout 60 python3 bench/first_packet.py 300 2>&1 | tee "$OUT/first_packet.txt"
   timeout 240 python3 -m code2wav.bench --modes exact-graph --levels 1,64,256 --prefix 0,72 --seconds 3 --first-chunk-wait-ms 0,5 --out "$OUT/bench" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/sustained.txt"
   echo "=== summary ==="; tail -n 13 "$OUT/first_packet.txt"; grep -A14 "^mode" "$OUT/sustained.txt"
-  timeout 110 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
+  timeout 200 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
   checks_summary
   ;;
 offline64)

@@ -437,17 +437,18 @@ def test_first_chunks_go_ahead_of_streams_already_playing(m, codes):
     assert (got["d"] - ref[:SPF]).abs().max() <= 1e-9
 
 
-def _gathering_step(m, codes, monkeypatch=None, later: float = 0.0, budget: int = 3, **kw):
+def _gathering_step(m, codes, monkeypatch=None, later: float = 0.0, budget: int = 3, prefix_c: int = 0, **kw):
     """Streams a, b playing (2-frame chunks queued, a's next one arriving during the step), c, d, e
-    opening (1-frame first chunks, d and e arriving during the step); returns the slots of each
-    group, in order, and checks every row's audio against the whole forward. With the default
-    budget of 3 frames a forward holds one 2-frame row or three 1-frame ones, so the playing
-    streams' rows saturate it."""
+    opening (1-frame first chunks, d and e arriving during the step; c after a ``prefix_c``-frame
+    reference prefix); returns the slots of each group, in order, and checks every row's audio
+    against the whole forward. With the default budget of 3 frames a forward holds one 2-frame
+    row or three 1-frame ones, so the playing streams' rows saturate it."""
     core = StreamEngine(m, max_streams=5, max_step_frames=2, max_batch_frames=budget, **kw)
     for rid in "ab":
         core.open(rid)
         core.push(rid, codes[:2])
-    for rid in "cde":
+    core.open("c", codes[:prefix_c] if prefix_c else None)
+    for rid in "de":
         core.open(rid)
     if later:  # every first chunk has waited ``later`` seconds by the time groups are formed
         real = time.monotonic
@@ -456,11 +457,12 @@ def _gathering_step(m, codes, monkeypatch=None, later: float = 0.0, budget: int 
     inner = core.runner
     core.runner = lambda c, slots, n_new: (order.append(slots.tolist()), inner(c, slots, n_new))[1]
     arrivals = [{"d": codes[:1], "e": codes[:1]}, {"a": codes[4:6]}]  # popped from the end: a's next chunk first
-    core.step({"a": codes[2:4], "b": codes[2:4], "c": codes[:1]}, on_ready=got.__setitem__,
+    core.step({"a": codes[2:4], "b": codes[2:4], "c": codes[prefix_c : prefix_c + 1]}, on_ready=got.__setitem__,
               more=lambda: arrivals.pop() if arrivals else {})
     ref = forward_audio(m, codes[:6])
     assert (got["a"] - ref[4 * SPF : 6 * SPF]).abs().max() <= 1e-9 and (got["b"] - ref[2 * SPF : 4 * SPF]).abs().max() <= 1e-9
-    assert all((got[rid] - ref[:SPF]).abs().max() <= 1e-9 for rid in "cde")
+    assert all((got[rid] - ref[:SPF]).abs().max() <= 1e-9 for rid in "de")
+    assert (got["c"] - ref[prefix_c * SPF : (prefix_c + 1) * SPF]).abs().max() <= 1e-9
     return order
 
 
@@ -472,6 +474,13 @@ def test_first_chunks_gather_while_other_rows_saturate_the_device(m, codes):
     assert _gathering_step(m, codes, first_chunk_wait=0.0) == [[2], [3, 4], [0], [1], [0]]
     assert _gathering_step(m, codes, first_chunk_wait=5.0) == [[0], [1], [3, 4, 2], [0]]
     assert _gathering_step(m, codes, budget=16, first_chunk_wait=5.0) == [[2], [3, 4], [0, 1], [0]]
+
+
+def test_first_chunks_of_streams_with_a_reference_prefix_do_not_wait(m, codes):
+    """A stream opened with a reference prefix is prefilled as its first chunk joins, and its
+    first chunk runs in the next forward even while the device is saturated; first chunks without
+    a prefix still gather behind it."""
+    assert _gathering_step(m, codes, prefix_c=3, first_chunk_wait=5.0) == [[2], [0], [1], [3, 4], [0]]
 
 
 def test_first_chunks_stop_gathering_when_enough_wait_or_the_oldest_waited_long_enough(m, codes, monkeypatch):

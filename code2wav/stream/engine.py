@@ -39,8 +39,9 @@ from code2wav.stream.pool import PoolFull, StatePool, packed_inputs
 Mode = Literal["exact", "windowed", "full"]
 OnReady = Callable[[str, "Tensor | Exception"], None]  # (request id, its audio or error)
 MODES: tuple[str, ...] = ("exact", "windowed", "full")
-# StreamEngine(first_chunk_wait=...), see there. H200, c=64 / 256: +5 % throughput for one more
-# forward of waiting (~10 ms) on a first packet, only while the device is saturated (BENCHMARKS.md).
+# StreamEngine(first_chunk_wait=...), see there. H200, c=64 / 256 without a prefix: +3-11 %
+# throughput for one more forward of waiting (~10 ms) on a first packet, only while the device is
+# saturated; no gain measured with a 72-frame prefix (BENCHMARKS.md, eighth round).
 FIRST_CHUNK_WAIT_S = 0.005
 
 
@@ -69,6 +70,7 @@ class _Row:
     stream: _Stream
     frames: Tensor
     first: bool = False  # the stream's first chunk: nothing of it is playing yet
+    gathers: bool = False  # a first chunk that may wait for others (see StreamEngine.first_chunk_wait)
     admitted: float = field(default_factory=time.monotonic)  # joined a step (first chunks gather by it)
     done: int = 0
     pieces: list[tuple[Tensor, int]] = field(default_factory=list)  # (padded audio row, valid samples)
@@ -134,6 +136,8 @@ class StreamEngine:
         # (or until ``first_chunk_rows`` of them wait) so that they share one forward, instead of
         # one ~1 ms forward each for a few frames of audio displacing a full one. Below saturation
         # a first chunk runs in the next forward: the device has room, waiting would buy nothing.
+        # Streams opened with a reference prefix do not wait: their prefill already batches them
+        # (on an H200 waiting cost them 3-9 % at 64-256 streams; BENCHMARKS.md, eighth round).
         self.first_chunk_wait = first_chunk_wait
         self.first_chunk_rows = first_chunk_rows
         p = next(model.parameters())
@@ -308,7 +312,10 @@ class StreamEngine:
             for rid, payload in chunks.items():
                 try:
                     st = self._get(rid)
-                    rows.append(_Row(st, self._frames(payload, f"stream {rid!r}"), first=not st.started))
+                    first = not st.started
+                    # A stream with a reference prefix is prefilled with the others joining now,
+                    # and their first chunks run together anyway: its first chunk does not wait.
+                    rows.append(_Row(st, self._frames(payload, f"stream {rid!r}"), first=first, gathers=first and st.prefix is None))
                     st.started = True
                 except (StreamError, CodesError) as e:
                     refuse(rid, e)
@@ -443,9 +450,9 @@ class StreamEngine:
         """Slots of the first chunks at the queue's head that wait for more to join them (see
         ``first_chunk_wait``): none once enough wait, once the oldest has waited long enough, or
         unless other streams' rows fill the next forward and more wait behind it."""
-        if self.first_chunk_wait <= 0 or not queue or not queue[0].first:
+        if self.first_chunk_wait <= 0 or not queue or not queue[0].gathers:
             return set()
-        firsts = list(itertools.takewhile(lambda r: r.first, queue))
+        firsts = list(itertools.takewhile(lambda r: r.gathers, queue))
         if len(firsts) >= self.first_chunk_rows or time.monotonic() - min(r.admitted for r in firsts) >= self.first_chunk_wait:
             return set()
         held = {r.stream.slot for r in firsts}
