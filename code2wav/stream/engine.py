@@ -39,7 +39,7 @@ from code2wav.stream.pool import PoolFull, StatePool, packed_inputs
 Mode = Literal["exact", "windowed", "full"]
 OnReady = Callable[[str, "Tensor | Exception"], None]  # (request id, its audio or error)
 MODES: tuple[str, ...] = ("exact", "windowed", "full")
-# StreamEngine(first_chunk_wait=...), see there. H200, c=64 / 256 without a prefix: +3-11 %
+# StreamEngine(first_chunk_wait=...), see there. H200, c=64 / 256 without a prefix: +2-14 %
 # throughput for one more forward of waiting (~10 ms) on a first packet, only while the device is
 # saturated; no gain measured with a 72-frame prefix (BENCHMARKS.md, eighth round).
 FIRST_CHUNK_WAIT_S = 0.005
