@@ -178,7 +178,7 @@ class GraphRunner:
     def _replay(self, g: _Graph, shape: tuple[int, int], n_new: Tensor, B: int, T: int) -> Tensor:
         g.graph.replay()
         self.hits += 1
-        self.frames += int(n_new.sum())  # n_new is on the host (or the graph's own, bench profiles)
+        self.frames += int(n_new.sum())  # the engine's n_new is on the host: no sync (device inputs, as in the bench's profiles, sync here)
         self.padded_frames += shape[0] * shape[1]
         return g.out[:B, : T * self.model.config.samples_per_frame]
 
