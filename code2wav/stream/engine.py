@@ -34,7 +34,7 @@ from torch import Tensor
 from code2wav.codes import CodesError, as_frames
 from code2wav.model.decoder import Decoder
 from code2wav.kernels.history import window
-from code2wav.stream.pool import PoolFull, StatePool, packed_inputs
+from code2wav.stream.pool import PoolFull, StatePool, empty_step, packed_inputs
 
 Mode = Literal["exact", "windowed", "full"]
 OnReady = Callable[[str, "Tensor | Exception"], None]  # (request id, its audio or error)
@@ -438,8 +438,8 @@ class StreamEngine:
         reused = bool(free)
         staged = free.pop() if free else _Staged.new(b, t, self.pool.scratch_slot, self.cfg.num_quantizers, pin)
         codes, slots, n_new = staged.arrays
-        if reused:  # back to an empty step (zero codes, scratch rows)
-            codes[:], slots[:], n_new[:] = 0, self.pool.scratch_slot, 0
+        if reused:
+            empty_step(codes, slots, n_new, self.pool.scratch_slot)
         for j, (r, k) in enumerate(zip(group, n)):
             codes[j, :, :k] = r.frames.numpy()[r.done : r.done + k].T
         slots[: len(group)] = [r.stream.slot for r in group]

@@ -14,16 +14,23 @@ def packed_inputs(b: int, t: int, scratch_slot: int, device: torch.device | str 
     """One int64 buffer holding a (b, t) step's codes [b, q, t], slots [b] and n_new [b], and
     those three views of it, set to an empty step (zero codes, scratch slots, no new frames).
     A step's inputs then go up in one copy, not three (or six small ops before a replay)."""
-    n = b * q * t
-    buf = torch.empty(n + 2 * b, dtype=torch.long, device=device, pin_memory=pin_memory)
-    codes, slots, n_new = buf[:n].view(b, q, t), buf[n : n + b], buf[n + b :]
-    if buf.is_cuda:
-        buf.zero_()
-        slots.fill_(scratch_slot)
-    else:  # numpy writes: a torch op costs microseconds of dispatch on the step's host path
-        a = buf.numpy()
-        a[:n], a[n : n + b], a[n + b :] = 0, scratch_slot, 0
+    buf = torch.empty(b * q * t + 2 * b, dtype=torch.long, device=device, pin_memory=pin_memory)
+    codes, slots, n_new = packed_views(buf, b, q, t)
+    # On the host through numpy: a torch op costs microseconds of dispatch on the step's host path.
+    empty_step(*((codes, slots, n_new) if buf.is_cuda else (codes.numpy(), slots.numpy(), n_new.numpy())), scratch_slot)
     return buf, codes, slots, n_new
+
+
+def packed_views(buf: Tensor, b: int, q: int, t: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The codes [b, q, t], slots [b] and n_new [b] views of a ``packed_inputs`` buffer."""
+    n = b * q * t
+    return buf[:n].view(b, q, t), buf[n : n + b], buf[n + b :]
+
+
+def empty_step(codes, slots, n_new, scratch_slot: int) -> None:
+    """Set a step's inputs (tensors or numpy arrays) to no work: zero codes, every row on the
+    scratch slot with no new frames."""
+    codes[...], slots[...], n_new[...] = 0, scratch_slot, 0
 
 
 def packed_base(codes: Tensor, slots: Tensor, n_new: Tensor) -> Tensor | None:
@@ -119,9 +126,7 @@ class StatePool:
         # are views of one staged buffer.
         staged = packed_base(x, slots, n_new) if x.device != self.device else None
         if staged is not None:
-            buf = staged.to(self.device, non_blocking=True)
-            n, b = x.numel(), x.shape[0]
-            return buf[:n].view(x.shape), buf[n : n + b], buf[n + b :]
+            return packed_views(staged.to(self.device, non_blocking=True), *x.shape)
         return x.to(self.device, non_blocking=True), slots.to(self.device, non_blocking=True), n_new.to(self.device, non_blocking=True)
 
     @torch.no_grad()
