@@ -1,14 +1,19 @@
 """Continuous batching over a :class:`StreamEngine`, for asyncio callers (the server, the bench).
 
-Streams push chunks at any time. A scheduler task hands the oldest pending chunk of every
-stream to one continuous step on a single worker thread (the decoder is not thread-safe, and the
-event loop must stay free). The step runs batched forwards (groups) back to back; before each
-group it takes the chunks that arrived meanwhile, so a new stream's first chunk, or a stream's
-next chunk once its audio is back, waits for one group, not for a whole step of every other
-stream. Each chunk's future resolves as soon as its row's audio is on the host. One chunk per
-stream in flight keeps per-stream order. Queues are bounded: a stream with too many chunks
-queued is refused, never buffered without limit. Opening, finishing and aborting a stream are
-host bookkeeping and run on the event loop, never queued behind a step.
+Streams push chunks at any time. One worker thread (the decoder is not thread-safe, and the
+event loop must stay free) takes the oldest pending chunk of every stream into one continuous
+step. The step runs batched forwards (groups) back to back; before each group it takes the chunks
+that arrived meanwhile, so a new stream's first chunk, or a stream's next chunk once its audio is
+back, waits for one group, not for a whole step of every other stream. Each chunk's future
+resolves as soon as its row's audio is on the host. One chunk per stream in flight keeps
+per-stream order. Queues are bounded: a stream with too many chunks queued is refused, never
+buffered without limit. Opening, finishing and aborting a stream are host bookkeeping and run on
+the event loop, never queued behind a step.
+
+A push wakes the worker directly (a thread event), not through a scheduler task and an executor:
+on an idle engine that hand-off is on the first packet's path, once into the worker and once
+back to the loop, and each extra loop iteration or executor round trip there costs tens of
+microseconds of a ~1.5 ms first packet.
 
 A push may carry an ``encode`` function (e.g. audio -> PCM bytes). It runs on the worker as soon
 as the row's audio is ready, so per-chunk conversion stays off the event loop, which is the
@@ -18,8 +23,9 @@ service's bottleneck once steps are batched.
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -61,30 +67,35 @@ class AsyncEngine:
         self.on_step: list[Callable[[float, int, int], None]] = []  # (seconds, rows, padded frames a row) after every step
         self._keep = keep_step_times
         self._pending: dict[str, deque[tuple[object, asyncio.Future, Encode | None]]] = {}
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="code2wav-step")
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task | None = None
+        self._wake = threading.Event()  # set by the loop: chunks are pending, or slots wait to be zeroed
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._zeroing_queued = False
 
     # -- lifecycle --------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._loop(), name="code2wav-scheduler")
+        if self._thread is None:
+            self._loop = asyncio.get_running_loop()
+            self._stopping = False
+            self.core.on_group.append(self._on_group)
+            self._thread = threading.Thread(target=self._work, name="code2wav-step", daemon=True)
+            self._thread.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
         for rid in list(self._pending):  # streams still open are aborted: their state is freed
             self._fail_pending(rid, StreamError("shutdown", f"stream {rid!r}: engine stopped"))
             self._pending.pop(rid)
             self.core.abort(rid)
-        self._worker.shutdown(wait=True)  # a step still running ends: nothing is left to take
+        if self._thread is not None:
+            self._stopping = True
+            self._wake.set()
+            # A step still running ends (nothing is left to take); joined off the loop, whose
+            # callbacks that step may still schedule.
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+            self._thread = None
+            self.core.on_group.remove(self._on_group)
 
     async def __aenter__(self) -> "AsyncEngine":
         await self.start()
@@ -92,9 +103,6 @@ class AsyncEngine:
 
     async def __aexit__(self, *exc) -> None:
         await self.stop()
-
-    async def _call(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
 
     async def open(self, request_id: str, prefix: object = None) -> None:
         """Open a stream: validates the prefix and takes a slot (host work, at once, even while
@@ -122,6 +130,8 @@ class AsyncEngine:
         if len(q) >= self.max_pending_chunks:
             self.stats.record_error("queue_full")
             raise Backpressure(f"stream {request_id!r} has {len(q)} chunks in flight (limit {self.max_pending_chunks})")
+        if self._thread is None:
+            raise StreamError("not_started", "the engine is not running (use `async with AsyncEngine(...)` or start())")
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         q.append((frames, fut, encode))
         self._wake.set()
@@ -153,15 +163,11 @@ class AsyncEngine:
         self._zero_released_later()
 
     def _zero_released_later(self) -> None:
-        """Zero freed slots on the worker, off the next stream's first packet: one job queued at
-        a time (a continuous step may run for as long as the load lasts; it zeroes them too)."""
+        """Zero freed slots on the worker, off the next stream's first packet: one request at a
+        time (a continuous step may run for as long as the load lasts; it zeroes them too)."""
         if not self._zeroing_queued:
             self._zeroing_queued = True
-            self._worker.submit(self._zero_released)
-
-    def _zero_released(self) -> None:  # on the worker
-        self._zeroing_queued = False
-        self.core.zero_released()
+            self._wake.set()
 
     def _fail_pending(self, rid: str, err: Exception) -> None:
         for _, fut, _ in self._pending.get(rid, ()):
@@ -172,8 +178,8 @@ class AsyncEngine:
     # -- scheduler --------------------------------------------------------------------------------
 
     def _take(self, in_flight: set[str], futures: dict[str, asyncio.Future], encoders: dict[str, Encode]) -> dict[str, object]:
-        """The oldest pending chunk of every stream with none in flight (on the loop before a
-        step, on the worker during one: deque ends are thread-safe, the dict is copied)."""
+        """The oldest pending chunk of every stream with none in flight (on the worker: deque
+        ends are thread-safe, the dict is copied)."""
         batch: dict[str, object] = {}
         for rid, q in list(self._pending.items()):
             if rid in in_flight:
@@ -188,58 +194,61 @@ class AsyncEngine:
                     encoders[rid] = encode
         return batch
 
-    async def _loop(self) -> None:
-        loop = asyncio.get_running_loop()
+    def _on_group(self, seconds: float, rows: int, frames: int) -> None:  # on the worker, after each batched forward
+        self.stats.steps += 1
+        self.stats.rows += rows
+        if len(self.stats.step_seconds) < self._keep:
+            self.stats.step_seconds.append(seconds)
+        for hook in self.on_step:
+            hook(seconds, rows, frames)
+
+    def _work(self) -> None:
+        """The worker thread: sleeps until a push (or a freed slot) wakes it, then runs one
+        continuous step over every stream with a chunk pending, until none is left."""
+        loop = self._loop
+        assert loop is not None
         spf = self.core.cfg.samples_per_frame
+        while True:
+            self._wake.wait()
+            self._wake.clear()  # before taking: a push after this point sets it again
+            if self._stopping:
+                return
+            if self._zeroing_queued:
+                self._zeroing_queued = False
+                self.core.zero_released()
+            if self.batch_wait_s > 0:
+                time.sleep(self.batch_wait_s)
+            # Each entry leaves as its row is handed over.
+            in_flight: set[str] = set()
+            futures: dict[str, asyncio.Future] = {}
+            encoders: dict[str, Encode] = {}
+            batch = self._take(in_flight, futures, encoders)
+            if not batch:
+                continue
 
-        def on_group(seconds: float, rows: int, frames: int) -> None:  # on the worker, after each batched forward
-            self.stats.steps += 1
-            self.stats.rows += rows
-            if len(self.stats.step_seconds) < self._keep:
-                self.stats.step_seconds.append(seconds)
-            for hook in self.on_step:
-                hook(seconds, rows, frames)
+            def on_ready(rid: str, res: Any, in_flight=in_flight, futures=futures, encoders=encoders) -> None:
+                fut, encode = futures.pop(rid, None), encoders.pop(rid, None)
+                in_flight.discard(rid)
+                if fut is None:
+                    return
+                if isinstance(res, Tensor):
+                    self.stats.chunks += 1
+                    self.stats.frames += res.numel() // spf
+                    if encode is not None:
+                        try:
+                            res = encode(res)
+                        except Exception as e:  # fails this row alone
+                            res = e
+                loop.call_soon_threadsafe(self._resolve, fut, res)
 
-        self.core.on_group.append(on_group)
-        try:
-            while True:
-                await self._wake.wait()
-                self._wake.clear()
-                if self.batch_wait_s > 0:
-                    await asyncio.sleep(self.batch_wait_s)
-                # Owned by the worker while the step runs; each entry leaves as its row is handed over.
-                in_flight: set[str] = set()
-                futures: dict[str, asyncio.Future] = {}
-                encoders: dict[str, Encode] = {}
-                batch = self._take(in_flight, futures, encoders)
-                if not batch:
-                    continue
-
-                def on_ready(rid: str, res: Any, in_flight=in_flight, futures=futures, encoders=encoders) -> None:  # on the worker
-                    fut, encode = futures.pop(rid, None), encoders.pop(rid, None)
-                    in_flight.discard(rid)
-                    if fut is None:
-                        return
-                    if isinstance(res, Tensor):
-                        self.stats.chunks += 1
-                        self.stats.frames += res.numel() // spf
-                        if encode is not None:
-                            try:
-                                res = encode(res)
-                            except Exception as e:  # fails this row alone
-                                res = e
-                    loop.call_soon_threadsafe(self._resolve, fut, res)
-
-                more = lambda in_flight=in_flight, futures=futures, encoders=encoders: self._take(in_flight, futures, encoders)  # noqa: E731
-                try:
-                    await self._call(self.core.step, batch, on_ready, more)
-                except Exception as e:  # a device failure fails the rows still held, not the loop
-                    for fut in list(futures.values()):
-                        self._resolve(fut, e)
-                if any(self._pending.values()):
-                    self._wake.set()
-        finally:
-            self.core.on_group.remove(on_group)
+            more = lambda in_flight=in_flight, futures=futures, encoders=encoders: self._take(in_flight, futures, encoders)  # noqa: E731
+            try:
+                self.core.step(batch, on_ready, more)
+            except Exception as e:  # a device failure fails the rows still held, not the worker
+                for fut in list(futures.values()):
+                    loop.call_soon_threadsafe(self._resolve, fut, e)
+            if any(self._pending.values()):  # e.g. chunks of a stream whose row was in flight
+                self._wake.set()
 
     def _resolve(self, fut: asyncio.Future, res: Any) -> None:
         """Settle a chunk's future once (a cancelled or already settled one is left alone)."""

@@ -246,7 +246,7 @@ class StreamEngine:
     def zero_released(self) -> None:
         """Zero the state of slots given back since the last step (a step does it anyway before
         its first forward; run it on the stepping thread when idle, off the next first packet)."""
-        if self.pool is not None:
+        if self.pool is not None and self.pool.has_stale:  # read without the lock: set only under it
             with self._lock:
                 self.pool.reset_stale()
 
@@ -308,6 +308,8 @@ class StreamEngine:
         given back since the last admission; prefill the streams that still wait for their
         reference prefix (one batch). A rejected row goes to ``refuse`` alone."""
         rows: list[_Row] = []
+        if not chunks:  # the continuous step asks before every group; usually nothing came
+            return rows
         with self._lock:
             for rid, payload in chunks.items():
                 try:

@@ -107,6 +107,11 @@ class StatePool:
         self._free.append(slot)
         self._stale.add(slot)
 
+    @property
+    def has_stale(self) -> bool:
+        """Whether slots given back wait to be zeroed (``reset_stale`` has work)."""
+        return bool(self._stale)
+
     def reset_stale(self) -> None:
         """Cold-start state for every slot given back since the last call: zero conv history is
         the forward's zero padding; KV rows are masked by position, zeroed anyway so nothing
