@@ -36,6 +36,8 @@
 #                              a45a5df; the windowed levels now run twice (warm-eager)]
 #   bash bench/gpu.sh convt    A/B of the ConvTranspose layers as GEMMs: checks, step profiles,
 #                              sustained load at c=1/256 with and without (not yet run; ~500 s estimated)
+#   bash bench/gpu.sh session9 the first packet leg by leg; step-shape A/B of small convs as GEMMs and
+#                              of unit tails filling the SMs; quick checks
 #   bash bench/gpu.sh offline64  fp32 batch-64 offline, ours vs official, cuDNN heuristics [~60 s]
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -201,6 +203,14 @@ last8)  # session 8's last call: the host path (staging reused, events reused, c
   timeout 60 python3 bench/first_packet.py 300 2>&1 | tee "$OUT/first_packet.txt"
   timeout 240 python3 -m code2wav.bench --modes exact-graph --levels 1,64,256 --prefix 0,72 --seconds 3 --first-chunk-wait-ms 0,5 --out "$OUT/bench" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/sustained.txt"
   echo "=== summary ==="; tail -n 13 "$OUT/first_packet.txt"; grep -A14 "^mode" "$OUT/sustained.txt"
+  timeout 200 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
+  checks_summary
+  ;;
+session9)  # session 9, run 1: the first packet leg by leg (worker woken directly; small convs as GEMMs; unit tails
+  #          filling the SMs), the step-shape A/B of the last two, then the checks
+  timeout 60 python3 bench/first_packet.py 300 2>&1 | tee "$OUT/first_packet.txt"
+  timeout 260 python3 bench/profile_step.py bfloat16 channels_last,channels_last-unitfill=0-gemmrows=0,channels_last-gemmrows=256 2>&1 | tee "$OUT/profile.txt"
+  echo "=== summary ==="; tail -n 13 "$OUT/first_packet.txt"; grep -B1 -A9 "eager ms" "$OUT/profile.txt"; grep -- "^---" "$OUT/profile.txt"
   timeout 200 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
   checks_summary
   ;;

@@ -22,8 +22,12 @@ def main() -> int:
     A layout named ``...-unfused`` runs the residual units' tails as separate ops (the A/B of
     ``code2wav/kernels/unit.py``); ``...-fold=all|dilated|none`` sets which full convs run folded
     (the A/B of ``CausalConv1d.fold``); ``...-convt=cudnn`` runs the ConvTranspose layers as
-    cuDNN's transposed conv, not GEMMs (the A/B of ``CausalConvTranspose1d.as_gemm``). Each layout's eager 16x25, 1x25 and 1x1 steps
-    are profiled."""
+    cuDNN's transposed conv, not GEMMs (the A/B of ``CausalConvTranspose1d.as_gemm``);
+    ``...-gemmrows=N`` runs full convs of at most N output samples as GEMMs (the A/B of
+    ``CausalConv1d.gemm_rows``; it goes last in the name); ``...-unitfill=0`` keeps the residual
+    units' fused tails at fixed 128-row tiles in small steps (the A/B of ``unit.FILL_SMS``; it goes
+    before ``-gemmrows``). Each layout's eager 16x25, 1x25 and 1x1
+    steps are profiled."""
     dtype = getattr(torch, sys.argv[1] if len(sys.argv) > 1 else "bfloat16")
     layouts = sys.argv[2].split(",") if len(sys.argv) > 2 else ["channels_last"]  # the CUDA default
     configure_cuda(dtype)
@@ -32,9 +36,13 @@ def main() -> int:
     print(f"{dtype}, cuDNN benchmark_limit {torch.backends.cudnn.benchmark_limit}")
     shapes = [(1, 1), (16, 1), (1, 25), (5, 25), (10, 25), (16, 25), (20, 25), (64, 8)]
     g = torch.Generator().manual_seed(0)
-    real_applies, default_fold = unit.applies, CausalConv1d.fold
+    real_applies, default_fold, default_gemm_rows = unit.applies, CausalConv1d.fold, CausalConv1d.gemm_rows
     for layout in layouts:  # the same step, conv weights stored either way
         name = layout
+        layout, _, gemm_rows = layout.partition("-gemmrows=")
+        CausalConv1d.gemm_rows = int(gemm_rows) if gemm_rows else default_gemm_rows
+        layout, _, unit_fill = layout.partition("-unitfill=")
+        unit.FILL_SMS = unit_fill != "0"
         layout, _, convt = layout.partition("-convt=")
         CausalConvTranspose1d.as_gemm = convt != "cudnn"
         layout, _, fold = layout.partition("-fold=")
@@ -48,7 +56,7 @@ def main() -> int:
         eng = StreamEngine(m, max_streams=64, max_batch_frames=512)
         runner = GraphRunner(m, eng.pool, batch_sizes=(1, 5, 10, 16, 64), frame_sizes=(1, 8, 25), max_batch_frames=512)
         runner.capture()
-        print(f"{name}: conv weights {layout}, fold {CausalConv1d.fold}; graph pool {runner.memory_bytes() / 2**20:.0f} MiB at 512 frames")
+        print(f"{name}: conv weights {layout}, fold {CausalConv1d.fold}, GEMM convs up to {CausalConv1d.gemm_rows} samples; graph pool {runner.memory_bytes() / 2**20:.0f} MiB at 512 frames")
         print(f"{'B':>4}{'T':>4}{'eager ms':>10}{'graph ms':>10}{'frames/s graph':>16}{'x RT':>8}")
         for b, t in shapes:
             codes = torch.randint(0, 2048, (b, 16, t), generator=g)

@@ -338,3 +338,19 @@ def test_fuse_projections_keeps_checkpoint_names_and_the_forward():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(snake, "fused", lambda x: False)
         assert close(_transformer_step(spoiled, x, pool, True)[0], unfused)
+
+
+def test_unit_tail_tiles_fill_the_gpu_in_small_steps(monkeypatch):
+    """A residual unit's fused tail takes 128 rows per program (64 at 192+ channels, where the
+    accumulator would grow past 16k elements), and fewer, down to 16, where that would leave SMs
+    of the GPU idle: a 1-frame step's 640 rows of 192 channels on 132 SMs run as 40 programs of
+    16, not 10 of 64. ``FILL_SMS = False`` keeps the fixed tiles."""
+    monkeypatch.setattr(unit, "ACC_ELEMENTS", 128 * 128)
+    assert unit.rows_per_program(16 * 25 * 640, 256, 132) == 64
+    assert unit.rows_per_program(16 * 25 * 1920, 128, 132) == 128
+    assert unit.rows_per_program(640, 256, 132) == 16
+    assert unit.rows_per_program(1920, 128, 132) == 16
+    assert unit.rows_per_program(5 * 1920, 128, 132) == 128  # 73 rows per SM: the next power of two
+    assert unit.rows_per_program(10, 128, 132) == 16
+    monkeypatch.setattr(unit, "FILL_SMS", False)
+    assert unit.rows_per_program(640, 256, 132) == 64 and unit.rows_per_program(1920, 128, 132) == 128

@@ -397,6 +397,81 @@ def test_folded_conv_equals_the_dilated_conv(monkeypatch, layout, dilation, fold
     assert (torch.cat(outs, -1) - want).abs().max() < 1e-12
 
 
+@pytest.mark.parametrize("kernel,dilation", [(7, 1), (7, 3), (7, 9), (3, 1), (1, 1)])
+def test_small_conv_as_gemm_equals_the_conv(monkeypatch, kernel, dilation):
+    """A full conv whose output has at most ``CausalConv1d.gemm_rows`` samples (channels-last
+    weight and input) runs as one GEMM over its im2col rows: equal (float64) to the conv, whole
+    and stepped with its history from the pool, for several batch rows, with and without its
+    bias, the output channels-last. Above the limit it stays a conv."""
+    from code2wav.kernels.snake import is_channels_last, to_layout
+    from code2wav.model.layers import CausalConv1d, channels_last_
+    from code2wav.model.streaming import Step
+
+    g = torch.Generator().manual_seed(9)
+    conv = CausalConv1d(6, 5, kernel, dilation=dilation).double()
+    with torch.no_grad():
+        for p in conv.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64))
+    channels_last_(conv.conv)
+    x = to_layout(torch.randn(3, 6, 9, dtype=torch.float64, generator=g), True)
+    calls = []
+    real = CausalConv1d._as_gemm
+    monkeypatch.setattr(CausalConv1d, "_as_gemm", lambda self, *a: calls.append(1) or real(self, *a))
+    monkeypatch.setattr(CausalConv1d, "fold", "none")
+
+    def run(rows: int):
+        monkeypatch.setattr(CausalConv1d, "gemm_rows", rows)
+        with torch.no_grad():
+            whole = conv(x, None)
+            no_bias = conv(x, None, add_bias=False)
+            pool = {conv.state_key: torch.zeros(4, 6, max(conv.history, 1), dtype=torch.float64)} if conv.history else {}
+            outs = []
+            for a, b in ((0, 4), (4, 5), (5, 9)):
+                step = Step(pool, torch.tensor([3, 0, 1]), torch.tensor([b - a] * 3), torch.tensor([a] * 3))
+                outs.append(conv(x[..., a:b], step))
+        return whole, no_bias, torch.cat(outs, -1)
+
+    ref = run(0)
+    assert calls == []
+    got = run(3 * 9)  # the whole input's 27 output samples fit
+    assert len(calls) == 5
+    for r, y in zip(ref, got):
+        assert y.shape == r.shape == (3, 5, 9) and (y - r).abs().max() < 1e-12
+    assert is_channels_last(got[0]) and is_channels_last(got[1])  # (the stepped one is a cat)
+    want = torch.nn.functional.conv1d(torch.nn.functional.pad(x, ((kernel - 1) * dilation, 0)), conv.conv.weight, conv.conv.bias, dilation=dilation)
+    assert (got[0] - want).abs().max() < 1e-12 and (got[2] - want).abs().max() < 1e-12
+    calls.clear()
+    run(3 * 9 - 1)  # one sample too many for the whole input: those two calls stay convs
+    assert len(calls) == 3
+
+
+def test_streams_with_small_convs_as_gemms_match_the_forward(small64, monkeypatch):
+    """The whole decoder channels-last with every full conv of a small step run as a GEMM:
+    streams with and without a prefix, batched with ragged chunks, still equal the float64
+    forward."""
+    from code2wav.model.layers import CausalConv1d
+
+    m, codes, ref = small64
+    cl = copy.deepcopy(m).channels_last()
+    calls = []
+    real = CausalConv1d._as_gemm
+    monkeypatch.setattr(CausalConv1d, "_as_gemm", lambda self, *a: calls.append(1) or real(self, *a))
+    monkeypatch.setattr(CausalConv1d, "gemm_rows", 1 << 30)
+    engine = StreamEngine(cl, max_streams=3)
+    engine.open("a")
+    engine.open("b", codes[:30])
+    got = {"a": [], "b": []}
+    at = {"a": 0, "b": 30}
+    for size_a, size_b in ((1, 25), (25, 3), (7, 25), (30, 1)):
+        out = engine.step({"a": codes[at["a"] : at["a"] + size_a], "b": codes[at["b"] : at["b"] + size_b]})
+        for rid, size in (("a", size_a), ("b", size_b)):
+            got[rid].append(out[rid])
+            at[rid] += size
+    assert calls
+    assert max_err(torch.cat(got["a"]), ref[: at["a"] * SPF]) <= 1e-9
+    assert max_err(torch.cat(got["b"]), ref[30 * SPF : at["b"] * SPF]) <= 1e-9
+
+
 @pytest.mark.parametrize("stride,kernel", [(2, 2), (3, 6), (8, 16)])
 def test_convtranspose_as_gemm_equals_the_transposed_conv(monkeypatch, stride, kernel):
     """A causal ConvTranspose (k = s or 2s) over channels-last input may run as GEMMs on its rows

@@ -1,13 +1,20 @@
-"""A causal conv's per-stream history, read and written in one pass each (Triton on CUDA).
+"""A causal conv's per-stream history, read and written in one pass (Triton on CUDA).
 
 Before a conv with ``H`` samples of left context, a streaming step needs
 ``xx = cat([pool[slots], act(x)], time)`` and afterwards ``pool[slots] = xx[b, :, s_b : s_b + H]``
 with ``s_b = n_new[b] * rate`` (the last ``H`` samples of row ``b``'s valid part). Eagerly that is
 an index_select, the activation, a cat, an index computation, a gather and an index_copy: six
 launches and two extra passes over the activation per layer, which is what made the one-frame
-step launch-bound. Here the read (pool gather + optional SnakeBeta with the previous conv's bias +
-concat) is one kernel and the write one more. The write reads ``xx``, never the pool, so the two
-never race; they run in stream order.
+step launch-bound. Here it is one kernel: the pool gather, the optional SnakeBeta with the
+previous conv's bias, the concat and the write-back.
+
+The kernel reads the pool (old history) and writes it (new history), so it must not race with
+itself. One program per (row, channel tile), the *history program*, does every pool access of
+that row's slot for those channels, in chunks of increasing position ``j``: chunk ``[j0, j1)``
+reads positions ``>= j0`` only (``t`` for the output, ``s_b + j >= j`` for the new history),
+and earlier chunks stored below ``j0``; inside a chunk a barrier puts all loads before the
+stores. The other programs cover the new samples and never touch the pool. Rows share a slot
+only as padding rows on the scratch slot with ``n_new = 0``, which write back what they read.
 """
 
 from __future__ import annotations
@@ -21,71 +28,100 @@ from code2wav.kernels.snake import empty_time, fast_sin, is_channels_last, snake
 if triton is not None:
     import triton.language as tl
 
-    from code2wav.kernels.snake import snake_params, snake_value, tile
+    from code2wav.kernels.snake import snake_params, snake_value
 
     @triton.jit
-    def _history_cat_kernel(
-        out_ptr, x_ptr, pool_ptr, slots_ptr, alpha_ptr, beta_ptr, bias_ptr,
-        C, H, T, T_OUT, sob, soc, sot, sxb, sxc, sxt, spn, spc, spt,
-        HAS_POOL: tl.constexpr, HAS_ACT: tl.constexpr, HAS_BIAS: tl.constexpr, FAST_SIN: tl.constexpr,
-        BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr,
-    ):
-        t, c, m = tile(T_OUT, C, BLOCK_L, BLOCK_C)  # t: output time, history first, zeros past T
-        b = tl.program_id(2)
-        xm = m & (t >= H) & (t < T)
-        x = tl.load(x_ptr + b * sxb + c * sxc + (t - H) * sxt, mask=xm, other=0.0).to(tl.float32)
+    def _new_samples(x_ptr, alpha_ptr, beta_ptr, bias_ptr, b, c, s, m, C, H, T, sxb, sxc, sxt,
+                     HAS_ACT: tl.constexpr, HAS_BIAS: tl.constexpr, FAST_SIN: tl.constexpr):
+        """``act(x + bias)`` at positions ``s >= H`` of the concatenation (``x``'s sample
+        ``s - H``), fp32; zero from ``T`` on (the ``multiple`` padding)."""
+        xm = m & (s >= H) & (s < T)
+        x = tl.load(x_ptr + b * sxb + c * sxc + (s - H) * sxt, mask=xm, other=0.0).to(tl.float32)
         if HAS_BIAS:
             x += tl.load(bias_ptr + c, mask=c < C, other=0.0).to(tl.float32)
         if HAS_ACT:
             a, inv_b = snake_params(alpha_ptr, beta_ptr, c, C)
             x = snake_value(x, a, inv_b, FAST_SIN)
-        if HAS_POOL:
-            slot = tl.load(slots_ptr + b)
-            h = tl.load(pool_ptr + slot * spn + c * spc + t * spt, mask=m & (t < H), other=0.0).to(tl.float32)
-        else:
-            h = tl.zeros([BLOCK_L, BLOCK_C], dtype=tl.float32)
-        x = tl.where(t < T, x, 0.0)  # the bias and SnakeBeta of a masked zero need not be zero
-        tl.store(out_ptr + b * sob + c * soc + t * sot, tl.where(t < H, h, x).to(out_ptr.dtype.element_ty), mask=m)
+        return tl.where(s < T, x, 0.0)  # the bias and SnakeBeta of a masked zero need not be zero
 
     @triton.jit
-    def _history_write_kernel(
-        pool_ptr, slots_ptr, n_new_ptr, xx_ptr, C, H, sxb, sxc, sxt, spn, spc, spt, RATE,
-        BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr,
+    def _history_cat_kernel(
+        out_ptr, x_ptr, pool_ptr, slots_ptr, n_new_ptr, alpha_ptr, beta_ptr, bias_ptr,
+        C, H, T, T_OUT, RATE, sob, soc, sot, sxb, sxc, sxt, spn, spc, spt,
+        HAS_POOL: tl.constexpr, WRITE: tl.constexpr, HAS_ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
+        FAST_SIN: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr,
     ):
-        j, c, m = tile(H, C, BLOCK_L, BLOCK_C)
+        # Grid (time tiles, channel tiles, rows). With a pool, time tile 0 is the history
+        # program (output [0, H) and every pool access, see the module docstring) and tiles
+        # 1.. cover [H, T_OUT); without one, tiles cover [0, T_OUT) with a zero history.
         b = tl.program_id(2)
-        start = tl.load(n_new_ptr + b) * RATE
-        slot = tl.load(slots_ptr + b)
-        v = tl.load(xx_ptr + b * sxb + c * sxc + (start + j) * sxt, mask=m)
-        tl.store(pool_ptr + slot * spn + c * spc + j * spt, v.to(pool_ptr.dtype.element_ty), mask=m)
+        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
+        r = tl.arange(0, BLOCK_L)[:, None]
+        cm = c < C
+        out_row = out_ptr + b * sob + c * soc
+        first = tl.program_id(0) * BLOCK_L
+        if HAS_POOL:
+            first = H + (tl.program_id(0) - 1) * BLOCK_L
+        if HAS_POOL and tl.program_id(0) == 0:
+            pool_row = pool_ptr + tl.load(slots_ptr + b) * spn + c * spc
+            start = 0
+            if WRITE:
+                start = tl.load(n_new_ptr + b) * RATE
+            for j0 in range(0, H, BLOCK_L):  # increasing: a chunk reads no position an earlier one wrote
+                j = j0 + r
+                m = (j < H) & cm
+                old = tl.load(pool_row + j * spt, mask=m, other=0.0).to(tl.float32)
+                if WRITE:
+                    src = start + j  # xx's position of the new history's sample j
+                    kept = tl.load(pool_row + src * spt, mask=m & (src < H), other=0.0).to(tl.float32)
+                    new = _new_samples(x_ptr, alpha_ptr, beta_ptr, bias_ptr, b, c, src, m, C, H, T, sxb, sxc, sxt,
+                                       HAS_ACT, HAS_BIAS, FAST_SIN)
+                    # Rounded to xx's dtype first: the value xx holds there, as the eager write copies it.
+                    new = tl.where(src < H, kept, new).to(out_ptr.dtype.element_ty)
+                    tl.debug_barrier()  # every thread's loads of this chunk before any store to it
+                    tl.store(pool_row + j * spt, new.to(pool_ptr.dtype.element_ty), mask=m)
+                tl.store(out_row + j * sot, old.to(out_ptr.dtype.element_ty), mask=m)
+        else:
+            t = first + r
+            m = (t < T_OUT) & cm
+            x = _new_samples(x_ptr, alpha_ptr, beta_ptr, bias_ptr, b, c, t, m, C, H, T, sxb, sxc, sxt,
+                             HAS_ACT, HAS_BIAS, FAST_SIN)
+            tl.store(out_row + t * sot, tl.where(t < H, 0.0, x).to(out_ptr.dtype.element_ty), mask=m)
 
 
 def history_cat(x: Tensor, history: int, pool: Tensor | None = None, slots: Tensor | None = None,
-                act: tuple[Tensor, Tensor] | None = None, bias: Tensor | None = None, multiple: int = 1) -> Tensor:
+                act: tuple[Tensor, Tensor] | None = None, bias: Tensor | None = None, multiple: int = 1,
+                n_new: Tensor | None = None, rate: int = 1) -> Tensor:
     """``cat([pool[slots] (zeros without a pool), act(x + bias)], -1)`` for ``x`` [B, C, L] and
     ``pool`` [slots, C, history], then zeros up to a length that is a ``multiple`` of the given
     one. ``act`` is SnakeBeta's (alpha, beta); without it ``bias`` must be None. The result has
-    ``x``'s layout."""
+    ``x``'s layout. With a pool and ``n_new`` (frames of ``rate`` samples), also writes each row's
+    new history back in the same pass, as :func:`history_write` of the result would."""
     B, C, L = x.shape
     T = history + L
     T_out = -(-T // multiple) * multiple
     cl = is_channels_last(x)  # the result's layout; x itself is read through its strides
+    write = pool is not None and n_new is not None
     if not snake.fused(x) or B * C * T_out >= 2**31:
         hist = x.new_zeros(*x.shape[:-1], history) if pool is None else pool.index_select(0, slots).to(x.dtype)
         if act is not None:
             x = snake_beta_eager(x, act[0], act[1], bias)
         tail = [x.new_zeros(B, C, T_out - T)] if T_out > T else []
-        return to_layout(torch.cat([hist, x, *tail], dim=-1), cl)  # cat's is contiguous
+        xx = to_layout(torch.cat([hist, x, *tail], dim=-1), cl)  # cat's is contiguous
+        if write:
+            history_write(pool, slots, xx, n_new, rate, history)
+        return xx
     out = empty_time(x, T_out, cl)
     dummy = x  # never read: the flags below switch those loads off
     alpha, beta = act if act is not None else (dummy, dummy)
     bl, bc = tile_shape(C, T_out, cl)
-    _history_cat_kernel[(triton.cdiv(T_out, bl), triton.cdiv(C, bc), B)](
-        out, x, pool if pool is not None else dummy, slots if slots is not None else dummy, alpha, beta,
-        bias if bias is not None else dummy, C, history, T, T_out, *out.stride(), *x.stride(),
-        *(pool.stride() if pool is not None else (0, 0, 0)),
-        HAS_POOL=pool is not None, HAS_ACT=act is not None, HAS_BIAS=bias is not None, FAST_SIN=fast_sin(x),
-        BLOCK_L=bl, BLOCK_C=bc, num_warps=snake.NUM_WARPS,
+    tiles = 1 + triton.cdiv(T_out - history, bl) if pool is not None else triton.cdiv(T_out, bl)
+    _history_cat_kernel[(tiles, triton.cdiv(C, bc), B)](
+        out, x, pool if pool is not None else dummy, slots if slots is not None else dummy,
+        n_new if write else dummy, alpha, beta, bias if bias is not None else dummy,
+        C, history, T, T_out, rate, *out.stride(), *x.stride(), *(pool.stride() if pool is not None else (0, 0, 0)),
+        HAS_POOL=pool is not None, WRITE=write, HAS_ACT=act is not None, HAS_BIAS=bias is not None,
+        FAST_SIN=fast_sin(x), BLOCK_L=bl, BLOCK_C=bc, num_warps=snake.NUM_WARPS,
     )
     return out
 
@@ -102,12 +138,6 @@ def window(x: Tensor, start: Tensor, length: int, dim: int) -> Tensor:
 
 
 def history_write(pool: Tensor, slots: Tensor, xx: Tensor, n_new: Tensor, rate: int, history: int) -> None:
-    """``pool[slots[b]] = xx[b, :, n_new[b]*rate : n_new[b]*rate + history]``, in place."""
-    if not snake.fused(xx):
-        pool.index_copy_(0, slots, window(xx, n_new * rate, history, dim=-1).to(pool.dtype))
-        return
-    B, C, _ = xx.shape
-    bl, bc = tile_shape(C, history, is_channels_last(xx))
-    _history_write_kernel[(triton.cdiv(history, bl), triton.cdiv(C, bc), B)](
-        pool, slots, n_new, xx, C, history, *xx.stride(), *pool.stride(), rate, BLOCK_L=bl, BLOCK_C=bc, num_warps=snake.NUM_WARPS
-    )
+    """``pool[slots[b]] = xx[b, :, n_new[b]*rate : n_new[b]*rate + history]``, in place: the eager
+    write (the fused one is :func:`history_cat` with ``n_new``), and its reference."""
+    pool.index_copy_(0, slots, window(xx, n_new * rate, history, dim=-1).to(pool.dtype))

@@ -38,6 +38,12 @@ class CausalConv1d(StreamingLayer):
     """
 
     fold = "dilated"  # which full convs run folded: "dilated" (d > 1, rows > 1), "all", "none"
+    # Full convs whose output has at most this many samples (batch rows x time) run as one GEMM
+    # over their im2col rows (0: never). The small steps' big convs (a 1-frame step's first k=7
+    # convs: 4 or 32 output samples at 1536 / 768 channels) are weight reads with a tiny M, where
+    # cuDNN's implicit-GEMM tiles leave most of the GPU idle; cuBLAS splits K (the A/B:
+    # bench/profile_step.py "-gemmrows=0").
+    gemm_rows = 64
 
     def __init__(self, c_in: int, c_out: int, kernel: int, dilation: int = 1, groups: int = 1, rate: int = 1):
         super().__init__()
@@ -63,6 +69,9 @@ class CausalConv1d(StreamingLayer):
         xx = self._with_history(x, step, act, act_bias, multiple=d if folded else 1)
         if mono:
             return mono_conv(xx, self.conv.weight, bias, d)
+        if (not folded and self.conv.groups == 1 and len(x) * L <= self.gemm_rows
+                and is_channels_last(xx) and is_channels_last(self.conv.weight)):
+            return self._as_gemm(xx, bias, L)
         # As 2-D convs: torch's conv1d picks its memory format from the 3-D tensors (always
         # contiguous) and would copy channels-last activations on every call.
         if folded:
@@ -70,6 +79,18 @@ class CausalConv1d(StreamingLayer):
             return y.flatten(2)[..., :L]
         w = self.conv.weight.unsqueeze(2)
         return F.conv2d(xx.unsqueeze(2), w, bias, dilation=(1, d), groups=self.conv.groups).squeeze(2)
+
+    def _as_gemm(self, xx: Tensor, bias: Tensor | None, L: int) -> Tensor:
+        """The conv over ``xx`` = [history, new] (channels-last) as ``cols @ W^T``: row ``(b, t)``
+        of ``cols`` holds the ``k`` input samples output ``t`` reads (``t + i * d``, each ``C``
+        channels; one gather copy), ``W`` is the channels-last weight ``[out, k * in]`` (a view).
+        The output ``[B * L, out]`` is channels-last ``[B, out, L]`` with no copy."""
+        B, C, _ = xx.shape
+        k, d, c_out = self.conv.kernel_size[0], self.conv.dilation[0], self.conv.out_channels
+        cols = xx.as_strided((B, L, k, C), (xx.stride(0), C, d * C, 1)).reshape(B * L, k * C)
+        w = self.conv.weight.permute(0, 2, 1).reshape(c_out, k * C)
+        y = cols @ w.t() if bias is None else torch.addmm(bias, cols, w.t())
+        return y.view(B, L, c_out).transpose(1, 2)
 
 
 class CausalConvTranspose1d(StreamingLayer):
