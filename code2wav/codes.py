@@ -28,7 +28,7 @@ def as_frames(
     if isinstance(codes, Tensor):
         if codes.dtype.is_floating_point or codes.dtype == torch.bool or codes.is_complex():
             raise CodesError("bad_dtype", f"{what}: codes must be integers, got {codes.dtype}")
-        arr = codes.detach().cpu().numpy()
+        arr = (codes if codes.device.type == "cpu" and not codes.requires_grad else codes.detach().cpu()).numpy()
     else:
         try:
             arr = np.asarray(codes)
@@ -47,10 +47,15 @@ def as_frames(
     if arr.shape[0] == 0 and not allow_empty:
         raise CodesError("empty", f"{what}: no frames")
     if arr.size:
-        lo, hi = int(arr.min()), int(arr.max())
-        if lo < 0 or hi >= codebook_size:
-            bad = lo if lo < 0 else hi
-            raise CodesError("out_of_range", f"{what}: code {bad} outside [0, {codebook_size})")
+        # One reduction for both bounds: as unsigned, a negative int64 is past every valid code.
+        as_unsigned = arr.view(np.uint64) if arr.dtype == np.int64 else None
+        if as_unsigned is None or int(as_unsigned.max()) >= codebook_size:
+            lo, hi = int(arr.min()), int(arr.max())
+            if lo < 0 or hi >= codebook_size:
+                bad = lo if lo < 0 else hi
+                raise CodesError("out_of_range", f"{what}: code {bad} outside [0, {codebook_size})")
+    if isinstance(codes, Tensor) and codes.dtype == torch.int64 and codes.device.type == "cpu" and codes.is_contiguous():
+        return codes.detach()  # already the layout asked for: no copy (callers do not write to it)
     return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.int64))
 
 

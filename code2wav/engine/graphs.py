@@ -178,7 +178,9 @@ class GraphRunner:
     def _replay(self, g: _Graph, shape: tuple[int, int], n_new: Tensor, B: int, T: int) -> Tensor:
         g.graph.replay()
         self.hits += 1
-        self.frames += int(n_new.sum())  # the engine's n_new is on the host: no sync (device inputs, as in the bench's profiles, sync here)
+        # The engine's n_new is on the host (summed in numpy: a torch op's dispatch costs more);
+        # device inputs, as in the bench's profiles, sync here.
+        self.frames += int(n_new.sum()) if n_new.is_cuda else int(n_new.numpy().sum())
         self.padded_frames += shape[0] * shape[1]
         return g.out[:B, : T * self.model.config.samples_per_frame]
 

@@ -375,19 +375,21 @@ class StreamEngine:
             end, start, complete, n, staged = landed.popleft()
             if pin:
                 end.synchronize()
-                seconds = start.elapsed_time(end) / 1e3
-                self._events += (start, end)
-            else:
-                seconds = end - start
-            frames = staged.shape[1]
-            if padded_shape is not None and padded_shape(*staged.shape) == staged.shape:  # a graph's shape: few, so kept
-                self._staged.setdefault(staged.shape, []).append(staged)
-            for hook in self.on_group:
-                hook(seconds, n, frames)
+            # Audio first: handing a row over wakes its caller's thread, which then runs while
+            # this one does the bookkeeping below.
             for row in complete:  # a one-piece row (the usual case) is a view: no copy
                 audio = row.pieces[0][0][: row.pieces[0][1]] if len(row.pieces) == 1 else torch.cat([w[:k] for w, k in row.pieces])
                 row.pieces = []
                 deliver(row.stream, row.stream.request_id, audio)
+            if pin:
+                seconds = start.elapsed_time(end) / 1e3
+                self._events += (start, end)
+            else:
+                seconds = end - start
+            if padded_shape is not None and padded_shape(*staged.shape) == staged.shape:  # a graph's shape: few, so kept
+                self._staged.setdefault(staged.shape, []).append(staged)
+            for hook in self.on_group:
+                hook(seconds, n, staged.shape[1])
 
         while True:
             if more is not None:
@@ -452,7 +454,7 @@ class StreamEngine:
         """Slots of the first chunks at the queue's head that wait for more to join them (see
         ``first_chunk_wait``): none once enough wait, once the oldest has waited long enough, or
         unless other streams' rows fill the next forward and more wait behind it."""
-        if self.first_chunk_wait <= 0 or not queue or not queue[0].gathers:
+        if self.first_chunk_wait <= 0 or len(queue) < 2 or not queue[0].gathers:  # one row cannot saturate
             return set()
         firsts = list(itertools.takewhile(lambda r: r.gathers, queue))
         if len(firsts) >= self.first_chunk_rows or time.monotonic() - min(r.admitted for r in firsts) >= self.first_chunk_wait:
