@@ -38,6 +38,8 @@
 #                              sustained load at c=1/256 with and without (not yet run; ~500 s estimated)
 #   bash bench/gpu.sh session9 the first packet leg by leg; step-shape A/B of small convs as GEMMs and
 #                              of unit tails filling the SMs; quick checks
+#   bash bench/gpu.sh session9b the few-row float32 kernel (bench/skinny.py), quick checks, the first packet,
+#                              sustained load prefix 0/72, windowed at c=16, step A/B of the kernel  [~500 s]
 #   bash bench/gpu.sh offline64  fp32 batch-64 offline, ours vs official, cuDNN heuristics [~60 s]
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -213,6 +215,21 @@ session9)  # session 9, run 1: the first packet leg by leg (worker woken directl
   echo "=== summary ==="; tail -n 13 "$OUT/first_packet.txt"; grep -B1 -A9 "eager ms" "$OUT/profile.txt"; grep -- "^---" "$OUT/profile.txt"
   timeout 200 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
   checks_summary
+  ;;
+session9b)  # session 9, run 2 (the last ~9 minutes of device time): the few-row float32 kernel checked and timed
+  #           (off for the rest if it fails or loses), the checks, the first packet leg by leg, sustained load with
+  #           and without a prefix, the windowed baseline at c=16, then the step-shape A/B with and without it
+  if ! timeout 70 python3 bench/skinny.py 2>&1 | tee "$OUT/skinny.txt" || ! grep -q "^PASS skinny" "$OUT/skinny.txt"; then
+    export CODE2WAV_SKINNY=0; echo "skinny products OFF for the rest of this run"
+  fi
+  timeout 150 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt"
+  timeout 50 python3 bench/first_packet.py 300 2>&1 | tee "$OUT/first_packet.txt"
+  timeout 200 python3 -m code2wav.bench --modes exact-graph --levels 1,16,64,256 --prefix 0,72 --seconds 3 --out "$OUT/bench" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/sustained.txt"
+  timeout 45 python3 -m code2wav.bench --modes windowed --levels 16 --seconds 3 --out "$OUT/windowed" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/windowed.txt"
+  echo "=== summary ==="; grep -E "^(PASS|FAIL|sum|skinny)" "$OUT/skinny.txt"; checks_summary; tail -n 13 "$OUT/first_packet.txt"
+  grep -A14 "^mode" "$OUT/sustained.txt"; grep -A3 "^mode" "$OUT/windowed.txt"
+  timeout 100 python3 bench/profile_step.py bfloat16 channels_last,channels_last-skinny=0 2>&1 | tee "$OUT/profile.txt"
+  grep -B1 -A9 "eager ms" "$OUT/profile.txt"; grep -- "^---" "$OUT/profile.txt"
   ;;
 offline64)
   python3 bench/offline.py --device cuda --dtypes float32 --batches 64 --frames 125 --repeat 2 --no-autotune 2>&1 | tee "$OUT/offline_fp32_b64.txt"

@@ -9,7 +9,7 @@ import time
 import torch
 
 from code2wav.engine.graphs import GraphRunner
-from code2wav.kernels import unit
+from code2wav.kernels import skinny, unit
 from code2wav.model.config import DecoderConfig
 from code2wav.model.init import random_decoder
 from code2wav.model.layers import CausalConv1d, CausalConvTranspose1d
@@ -26,7 +26,8 @@ def main() -> int:
     ``...-gemmrows=N`` runs full convs of at most N output samples as GEMMs (the A/B of
     ``CausalConv1d.gemm_rows``; it goes last in the name); ``...-unitfill=0`` keeps the residual
     units' fused tails at fixed 128-row tiles in small steps (the A/B of ``unit.FILL_SMS``; it goes
-    before ``-gemmrows``). Each layout's eager 16x25, 1x25 and 1x1
+    before ``-gemmrows``); ``...-skinny=0`` runs the few-row float32 products through cuBLAS (the
+    A/B of ``skinny.ENABLED``; before ``-unitfill``). Each layout's eager 16x25, 1x25 and 1x1
     steps are profiled."""
     dtype = getattr(torch, sys.argv[1] if len(sys.argv) > 1 else "bfloat16")
     layouts = sys.argv[2].split(",") if len(sys.argv) > 2 else ["channels_last"]  # the CUDA default
@@ -43,6 +44,8 @@ def main() -> int:
         CausalConv1d.gemm_rows = int(gemm_rows) if gemm_rows else default_gemm_rows
         layout, _, unit_fill = layout.partition("-unitfill=")
         unit.FILL_SMS = unit_fill != "0"
+        layout, _, skinny_on = layout.partition("-skinny=")
+        skinny.ENABLED = skinny_on != "0"
         layout, _, convt = layout.partition("-convt=")
         CausalConvTranspose1d.as_gemm = convt != "cudnn"
         layout, _, fold = layout.partition("-fold=")

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from code2wav.kernels import history, mono_conv, snake, unit  # noqa: E402
+from code2wav.kernels import history, mono_conv, skinny, snake, unit  # noqa: E402
 from code2wav.kernels import transformer as tk  # noqa: E402
 from code2wav.kernels.history import window  # noqa: E402
 from code2wav.model.streaming import Step  # noqa: E402
@@ -37,6 +37,7 @@ def triton_on_cpu(monkeypatch):
     monkeypatch.setattr(snake, "MAX_TILE_EDGE", (1 << 14, 1 << 10))
     monkeypatch.setattr(mono_conv, "BLOCK_T", 4096)
     monkeypatch.setattr(unit, "ACC_ELEMENTS", 1 << 24)
+    monkeypatch.setattr(skinny, "MIN_WEIGHT", 0)  # the shrunk model's few-row float32 products too
     with one_thread():
         yield
 
@@ -76,51 +77,93 @@ def test_kernels_are_exact_across_tile_boundaries(monkeypatch, layout):
     monkeypatch.setattr(snake, "BLOCK", 32)
     monkeypatch.setattr(snake, "MAX_TILE_EDGE", (8, 4))
     g = torch.Generator().manual_seed(2)
-    B, C, L, H, rate = 3, 11, 29, 7, 3
+    B, C, L, rate = 3, 11, 30, 3
     x = laid_out(torch.randn(B, C, L, generator=g) * 3, layout)
     h = laid_out(torch.randn(B, C, L, generator=g), layout)
     alpha, beta, bias = (torch.randn(C, generator=g) * 0.3 for _ in range(3))
     assert close(snake.snake_beta(x, alpha, beta, bias), snake.snake_beta_eager(x, alpha, beta, bias))
     assert close(snake.residual_add(x, h, bias), x + (h + bias[:, None]))
     assert close(snake.bias_add(x[..., 2:27], bias), x[..., 2:27] + bias[:, None])
-    pool = torch.randn(5, C, H, generator=g)
-    slots, n_new = torch.tensor([4, 0, 2]), torch.tensor([9, 0, 5])
-    xx = history.history_cat(x, H, pool, slots, (alpha, beta), bias)
-    assert close(xx, torch.cat([pool[slots], snake.snake_beta_eager(x, alpha, beta, bias)], dim=-1))
-    expect = pool.clone()
-    expect[slots] = window(xx, n_new * rate, H, dim=-1)
-    history.history_write(pool, slots, xx, n_new, rate, H)
-    assert close(pool, expect)
+    # Three channel tiles of 4, each split among 4 history programs of one channel, which walk
+    # the 20-sample history in three chunks (8 + 8 + 4).
+    monkeypatch.setattr(history, "HISTORY_TILE", 8)
+    H = 20
+    assert snake.tile_shape(C, H + L, layout == "channels_last")[1] == 4
+    assert history._history_programs(H, 4) == (4, 1, 8)
+    pool = torch.randn(6, C, H, generator=g)  # slot 5: the scratch slot
+    # Windows starting at sample 30 (all new: the full length), 0 (all old), 15 (chunk 0 reads
+    # what chunk 1 and 2 overwrite, and new samples from j = 5), 3 (old and new mixed across
+    # and inside chunks); two padding rows on the scratch slot.
+    slots, n_new = torch.tensor([4, 0, 2, 1, 5, 5]), torch.tensor([10, 0, 5, 1, 0, 0])
+    x = laid_out(torch.randn(len(slots), C, L, generator=g) * 3, layout)
+    for params, b in (((alpha, beta), bias), (None, None)):
+        for multiple in (1, 4):
+            want_xx, want_pool = _eager_history_step(x, H, pool, slots, params, b, multiple, n_new, rate)
+            fused_pool = pool.clone()
+            xx = history.history_cat(x, H, fused_pool, slots, params, b, multiple, n_new=n_new, rate=rate)
+            assert close(xx, want_xx) and close(fused_pool, want_pool)
+            assert not close(fused_pool[[4, 2, 1]], pool[[4, 2, 1]])  # the rows did write
+            assert torch.equal(fused_pool[5], pool[5])  # scratch rows write back what they read
+    # A bf16 activation over a float32 pool: the pool gets exactly the (rounded) values the
+    # output holds, as the eager write copies them.
+    xb, read_pool, fused_pool = x.bfloat16(), pool.clone(), pool.clone()
+    xx = history.history_cat(xb, H, read_pool, slots, (alpha, beta), bias)
+    history.history_write(read_pool, slots, xx, n_new, rate, H)
+    assert torch.equal(history.history_cat(xb, H, fused_pool, slots, (alpha, beta), bias, n_new=n_new, rate=rate), xx)
+    assert torch.equal(fused_pool, read_pool)
+
+
+def _eager_history_step(x, H, pool, slots, params, bias, multiple, n_new, rate):
+    """The eager reference of a streaming conv's history: ``cat([pool[slots], act(x + bias)])``
+    zero-padded to a ``multiple``, then each row's window written back to a copy of the pool."""
+    B, C, L = x.shape
+    act = snake.snake_beta_eager(x, *params, bias) if params is not None else x
+    pad = torch.zeros(B, C, -(-(H + L) // multiple) * multiple - H - L)
+    xx = torch.cat([pool.index_select(0, slots), act, pad], dim=-1)
+    after = pool.clone()
+    after.index_copy_(0, slots, window(xx, n_new * rate, H, dim=-1))
+    return xx, after
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("act", ["none", "snake", "snake+bias"])
 @pytest.mark.parametrize("pooled", [True, False], ids=["step", "whole-forward"])
 @pytest.mark.parametrize("multiple", [1, 4])
-def test_history_cat_and_write_match_eager(layout, act, pooled, multiple):
+def test_history_cat_and_write_match_eager(monkeypatch, layout, act, pooled, multiple):
     """``cat([pool[slots], act(x + bias)])`` in one pass (zero-padded to a multiple of 4: 13 ->
-    16 samples, as a folded conv needs), then the per-row window of the valid part written back
-    to each row's slot; slots out of order, one row with no new samples."""
+    16 samples, as a folded conv needs) and, given ``n_new``, the per-row window of the valid part
+    written back to each row's slot in the same pass: slots out of order, ragged ``n_new`` (the
+    full length, none, part), two padding rows on the scratch slot. The pool afterwards, every
+    slot, equals the eager index_copy's; without ``n_new`` the pool is only read."""
     g = torch.Generator().manual_seed(1)
-    B, C, L, H, rate = 3, 6, 8, 5, 2
+    B, C, L, H, rate = 5, 6, 8, 5, 2
     x = laid_out(torch.randn(B, C, L, generator=g), layout)
-    pool = torch.randn(7, C, H, generator=g)
-    slots = torch.tensor([5, 0, 3])
+    pool = torch.randn(7, C, H, generator=g)  # slot 6: the scratch slot
+    slots = torch.tensor([5, 0, 3, 6, 6])
+    n_new = torch.tensor([4, 0, 2, 0, 0])  # frames; x holds L = 4 frames at 2 samples each
     alpha, beta, bias = (torch.randn(C, generator=g) * 0.3 for _ in range(3))
     params = (alpha, beta) if act != "none" else None
     b = bias if act == "snake+bias" else None
-    hist = pool[slots] if pooled else torch.zeros(B, C, H)
-    pad = torch.zeros(B, C, 3 if multiple == 4 else 0)
-    expect = torch.cat([hist, snake.snake_beta_eager(x, alpha, beta, b) if params else x, pad], dim=-1)
-    xx = history.history_cat(x, H, pool if pooled else None, slots if pooled else None, params, b, multiple)
-    assert close(xx, expect)
+    if not pooled:
+        pad = torch.zeros(B, C, 3 if multiple == 4 else 0)
+        expect = torch.cat([torch.zeros(B, C, H), snake.snake_beta_eager(x, alpha, beta, b) if params else x, pad], dim=-1)
+        xx = history.history_cat(x, H, None, None, params, b, multiple)
+        assert close(xx, expect) and snake.is_channels_last(xx) == (layout == "channels_last")
+        return
+    want_xx, want_pool = _eager_history_step(x, H, pool, slots, params, b, multiple, n_new, rate)
+    before = pool.clone()
+    xx = history.history_cat(x, H, pool, slots, params, b, multiple)
+    assert close(xx, want_xx) and torch.equal(pool, before)  # read only
     assert snake.is_channels_last(xx) == (layout == "channels_last")
-    if pooled:
-        n_new = torch.tensor([4, 0, 2])  # frames; x holds L = 4 frames at 2 samples each
-        want = pool.clone()
-        want[slots] = window(expect, n_new * rate, H, dim=-1)
-        history.history_write(pool, slots, xx, n_new, rate, H)
-        assert close(pool, want)
+    history.history_write(pool, slots, xx, n_new, rate, H)  # the eager write
+    assert close(pool, want_pool)
+    for tile in (512, 16):  # the channels' history in one program, and in four of two channels
+        monkeypatch.setattr(history, "HISTORY_TILE", tile)
+        assert history._history_programs(H, 8)[0] == (1 if tile == 512 else 4)
+        fused_pool = before.clone()
+        xx = history.history_cat(x, H, fused_pool, slots, params, b, multiple, n_new=n_new, rate=rate)
+        assert close(xx, want_xx) and close(fused_pool, want_pool)
+        assert snake.is_channels_last(xx) == (layout == "channels_last")
 
 
 def test_channels_last_tiles_divide_the_channels_where_they_can(monkeypatch):
@@ -182,12 +225,12 @@ def test_unit_tail_applies_only_where_it_is_exact_and_fast():
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_streaming_steps_through_the_kernels_equal_eager(monkeypatch, layout):
     """A prefixed stream and a cold one, stepped together with ragged chunks, through every fused
-    kernel (and, channels-last, channels-last convs): the prefill and the steps give the same
-    audio as the eager path."""
+    kernel (the few-row float32 products included; and, channels-last, channels-last convs): the
+    prefill and the steps give the same audio as the eager path."""
     codes = random_codes(24, SMALL, seed=3)
     schedule = [(0, 1), (1, 4)]
 
-    def run(m) -> list[torch.Tensor]:
+    def run(m) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
         engine = StreamEngine(m, max_streams=2, max_step_frames=8)
         engine.open("prefixed", codes[:13])  # longer than the conv stack's 10-frame horizon
         engine.open("cold")
@@ -195,14 +238,51 @@ def test_streaming_steps_through_the_kernels_equal_eager(monkeypatch, layout):
         for a, b in schedule:
             step = engine.step({"prefixed": codes[13 + a : 13 + b], "cold": codes[2 * a : 2 * a + 2]})
             outs += [step["prefixed"], step["cold"]]
-        return outs
+        return outs, engine.pool.buffers
 
     m = model(SMALL, torch.float32)
-    fused = run(m if layout == "contiguous" else _channels_last_copy(m))
+    products = []  # few-row float32 products that went through the skinny kernel
+    real_matmul = skinny.matmul_t
+    monkeypatch.setattr(skinny, "matmul_t", lambda x, w, *a, **k: (products.append(skinny.applies(x, w)), real_matmul(x, w, *a, **k))[1])
+    fused, fused_pool = run(m if layout == "contiguous" else _channels_last_copy(m))
+    assert any(products)  # the 1-frame step's transformer and upsampler products
     monkeypatch.setattr(snake, "fused", lambda x: False)
-    eager = run(m)
+    eager, eager_pool = run(m)
     for a, b in zip(fused, eager):
         assert close(a, b, 1e-5)
+    for key in eager_pool:  # every layer's history, written inside the read kernels on the fused path
+        assert close(fused_pool[key], eager_pool[key], 1e-5), key
+
+
+def test_a_step_runs_one_history_kernel_per_stateful_layer(monkeypatch):
+    """A streaming step reads and writes each layer's history in one launch: one history concat
+    per conv layer with history, one RoPE + KV concat per attention layer, and no separate write
+    kernel (counted at the interpreter's launch; padding rows on the scratch slot included)."""
+    from collections import Counter
+
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from code2wav.model.streaming import StreamingLayer
+    from code2wav.model.transformer import Attention
+    from code2wav.stream.pool import StatePool
+
+    m = model(SMALL, torch.float32)
+    pool = StatePool(m, max_streams=2)
+    codes = torch.stack([random_codes(1, SMALL, seed=s).T for s in range(3)])  # [3, Q, 1]
+    launches: Counter[str] = Counter()
+    launch = InterpretedFunction.run
+
+    def counted(self, *args, **kwargs):
+        launches[self.__name__] += 1
+        return launch(self, *args, **kwargs)
+
+    monkeypatch.setattr(InterpretedFunction, "run", counted)
+    pool.run(m, codes, torch.tensor([1, 0, pool.scratch_slot]), torch.tensor([1, 1, 0]))
+    stateful = [mod for mod in m.modules() if isinstance(mod, StreamingLayer) and mod.history]
+    attention = [mod for mod in stateful if isinstance(mod, Attention)]
+    assert launches["_rope_kv_cat_kernel"] == len(attention) > 0
+    assert launches["_history_cat_kernel"] == len(stateful) - len(attention) > 0
+    assert not [name for name in launches if "write" in name]
 
 
 def _channels_last_copy(m):
@@ -236,17 +316,24 @@ def test_silu_mul_matches_eager():
 
 
 @pytest.mark.parametrize("pooled", [True, False], ids=["step", "whole-forward"])
-def test_rope_kv_cat_and_write_match_eager(pooled):
+@pytest.mark.parametrize("tiles", ["one", "many"])
+def test_rope_kv_cat_and_write_match_eager(monkeypatch, pooled, tiles):
     """RoPE on q and k from the fused qkv output, keys/values prepended with each row's pool
-    history (slots out of order), then each row's last W valid rows written back (ragged n_new,
-    one row with none). 4 query heads over 2 kv heads: heads without kv must write q only."""
+    history (slots out of order), and, given ``n_new``, each row's last W valid rows written back
+    in the same pass (ragged n_new: all, none, part; two padding rows on the scratch slot).
+    4 query heads over 2 kv heads: heads without kv must write q only. With many tiles the
+    history program walks the W = 5 history rows in chunks of 2, and row 2's window (rows 2..6)
+    reads rows the later chunks overwrite, and history and new rows inside one chunk."""
+    if tiles == "many":
+        monkeypatch.setattr(snake, "BLOCK", 32)  # two 16-wide rows per program
     g = torch.Generator().manual_seed(6)
-    B, T, H, Hkv, D, W = 3, 4, 4, 2, 16, 5
+    B, T, H, Hkv, D, W = 5, 4, 4, 2, 16, 5
+    assert tk._rows(W + T, D) == (2 if tiles == "many" else 16)
     qkv = torch.randn(B, T, (H + 2 * Hkv) * D, generator=g)
-    start = torch.tensor([0, 7, 300])
+    start = torch.tensor([0, 7, 300, 0, 0])
     cos, sin = Rotary(D, 10000.0)(start[:, None] + torch.arange(T))
-    pool_k, pool_v = torch.randn(7, Hkv, W, D, generator=g), torch.randn(7, Hkv, W, D, generator=g)
-    slots, n_new = torch.tensor([5, 0, 3]), torch.tensor([4, 0, 2])
+    pool_k, pool_v = torch.randn(7, Hkv, W, D, generator=g), torch.randn(7, Hkv, W, D, generator=g)  # 6: scratch
+    slots, n_new = torch.tensor([5, 0, 3, 6, 6]), torch.tensor([4, 0, 2, 0, 0])
     # Today's Attention.forward, op by op.
     q = qkv[..., : H * D].view(B, T, H, D).transpose(1, 2)
     k = qkv[..., H * D : (H + Hkv) * D].view(B, T, Hkv, D).transpose(1, 2)
@@ -254,19 +341,37 @@ def test_rope_kv_cat_and_write_match_eager(pooled):
     q, k = tk.rotate_eager(q, cos, sin), tk.rotate_eager(k, cos, sin)
     if pooled:
         k, v = torch.cat([pool_k[slots], k], dim=2), torch.cat([pool_v[slots], v], dim=2)
+    before = pool_k.clone(), pool_v.clone()
     qq, kk, vv = tk.rope_kv_cat(qkv, H, Hkv, cos, sin, *((pool_k, pool_v, slots) if pooled else ()))
     assert close(qq, q) and close(kk, k) and close(vv, v)
     assert kk.is_contiguous() and vv.is_contiguous() and qq.stride(-1) == 1
+    assert torch.equal(pool_k, before[0]) and torch.equal(pool_v, before[1])  # read only
     # Written in the dtype attention runs in (a float32 transformer under a bf16 conv stack).
     half = tk.rope_kv_cat(qkv, H, Hkv, cos, sin, *((pool_k, pool_v, slots) if pooled else ()), out_dtype=torch.bfloat16)
     assert [t.dtype for t in half] == [torch.bfloat16] * 3
     assert all(close(a.float(), b, 1e-2) for a, b in zip(half, (q, k, v)))
-    if pooled:
-        want_k, want_v = pool_k.clone(), pool_v.clone()
-        want_k[slots] = window(k, n_new, W, dim=2)
-        want_v[slots] = window(v, n_new, W, dim=2)
-        tk.kv_write(pool_k, pool_v, slots, kk, vv, n_new)
-        assert close(pool_k, want_k) and close(pool_v, want_v)  # slots 1, 2, 4, 6 untouched too
+    if not pooled:
+        return
+    want_k, want_v = pool_k.clone(), pool_v.clone()
+    want_k.index_copy_(0, slots, window(k, n_new, W, dim=2))
+    want_v.index_copy_(0, slots, window(v, n_new, W, dim=2))
+    tk.kv_write(pool_k, pool_v, slots, kk, vv, n_new)  # the eager write
+    assert close(pool_k, want_k) and close(pool_v, want_v)  # slots 1, 2, 4 untouched too
+    fk, fv = before[0].clone(), before[1].clone()
+    qq, kk, vv = tk.rope_kv_cat(qkv, H, Hkv, cos, sin, fk, fv, slots, n_new=n_new)
+    assert close(qq, q) and close(kk, k) and close(vv, v)
+    assert close(fk, want_k) and close(fv, want_v)
+    assert torch.equal(fk[6], before[0][6]) and torch.equal(fv[6], before[1][6])  # scratch: rewritten as read
+    # bf16 keys: the pool gets the rounded values the keys hold, as the eager write copies them.
+    fk, fv = before[0].clone(), before[1].clone()
+    half = tk.rope_kv_cat(qkv, H, Hkv, cos, sin, fk, fv, slots, torch.bfloat16, n_new)
+    ek, ev = before[0].clone(), before[1].clone()
+    tk.kv_write(ek, ev, slots, half[1], half[2], n_new)
+    assert torch.equal(fk, ek) and torch.equal(fv, ev)
+    # Pools that are not dense are read from copies and written eagerly after the kernel.
+    sk, sv = (p.transpose(2, 3).contiguous().transpose(2, 3) for p in before)
+    tk.rope_kv_cat(qkv, H, Hkv, cos, sin, sk, sv, slots, n_new=n_new)
+    assert close(sk, want_k) and close(sv, want_v)
 
 
 def _kv_pool(tr, rows: int, g: torch.Generator) -> dict[str, torch.Tensor]:
@@ -280,20 +385,28 @@ def _kv_pool(tr, rows: int, g: torch.Generator) -> dict[str, torch.Tensor]:
 
 def _transformer_step(tr, x, pool, pooled: bool):
     """One step of ``tr`` over rows: a cold stream, one younger than the window, a rolling one;
-    ragged n_new (one row with no new frame). Returns the output and the pool afterwards."""
+    ragged n_new (one row with no new frame); rows of ``x`` past 3 are padding rows on the
+    scratch slot 6. Returns the output and the pool afterwards."""
     pool = {k: v.clone() for k, v in pool.items()}
-    step = Step(pool, torch.tensor([5, 0, 3]), torch.tensor([4, 0, 2]), torch.tensor([0, 30, 300])) if pooled else None
+    pad = len(x) - 3
+    slots, n_new = torch.tensor([5, 0, 3] + [6] * pad), torch.tensor([4, 0, 2] + [0] * pad)
+    step = Step(pool, slots, n_new, torch.tensor([0, 30, 300] + [0] * pad)) if pooled else None
     return tr(x, step), pool
 
 
 @pytest.mark.parametrize("pooled", [True, False], ids=["step", "whole-forward"])
-def test_transformer_fused_path_equals_eager(monkeypatch, pooled):
-    """The fused path (fused projections + every transformer kernel) against the module code:
-    same output, same pool state afterwards."""
+@pytest.mark.parametrize("tiles", ["one", "many"])
+def test_transformer_fused_path_equals_eager(monkeypatch, pooled, tiles):
+    """The fused path (fused projections + every transformer kernel, the history write inside
+    rope_kv_cat's) against the module code: same output, same pool state afterwards (every slot:
+    padding rows on the scratch slot too). With many tiles the KV window's 71 history rows take
+    36 chunks of 2."""
+    if tiles == "many":
+        monkeypatch.setattr(snake, "BLOCK", 32)
     tr = model(SMALL, torch.float32).pre_transformer
     assert tr.is_fused  # tests/models.py fuses like load_decoder
     g = torch.Generator().manual_seed(7)
-    x = torch.randn(3, 4, SMALL.latent_dim, generator=g)
+    x = torch.randn(5, 4, SMALL.latent_dim, generator=g)
     pool = _kv_pool(tr, 7, g)
     fused, fused_pool = _transformer_step(tr, x, pool, pooled)
     monkeypatch.setattr(snake, "fused", lambda x: False)
@@ -354,3 +467,43 @@ def test_unit_tail_tiles_fill_the_gpu_in_small_steps(monkeypatch):
     assert unit.rows_per_program(10, 128, 132) == 16
     monkeypatch.setattr(unit, "FILL_SMS", False)
     assert unit.rows_per_program(640, 256, 132) == 64 and unit.rows_per_program(1920, 128, 132) == 128
+
+
+@pytest.mark.parametrize("rows,k,n", [(1, 300, 70), (3, 64, 129), (4, 1000, 8), (2, 5, 300)])
+def test_skinny_products_match_float64(monkeypatch, rows, k, n):
+    """``skinny.matmul_t``: ``x @ w.T + bias`` for a few rows, with any strides of ``w`` (a
+    ConvTranspose's taps are a transposed view), into a given output or added to it; equal to
+    the float64 product to float32 rounding, for K and N that are no multiple of the tiles."""
+    monkeypatch.setattr(skinny, "PROGRAMS", 4)  # several programs and several K steps each
+    monkeypatch.setattr(skinny, "TILE", 64)
+    g = torch.Generator().manual_seed(rows * k)
+    x, w, b = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+    assert skinny.applies(x, w)
+    want = x.double() @ w.double().T
+    assert close(skinny.matmul_t(x, w, b), (want + b.double()).float())
+    assert close(skinny.matmul_t(x, w), want.float())
+    taps = torch.randn(k, 2 * n, generator=g)  # [c_in, s * c_out]: the second half's columns, transposed
+    out = torch.randn(rows + 1, n, generator=g)
+    before = out.clone()
+    skinny.matmul_t(x, taps[:, n:].t(), out=out[1:], accumulate=True)
+    assert close(out[1:], (before[1:].double() + x.double() @ taps[:, n:].double()).float()) and torch.equal(out[0], before[0])
+
+
+def test_skinny_applies_to_few_rows_of_big_float32_weights(monkeypatch):
+    """Where the kernel runs (on CUDA; here through the interpreter): float32, at most
+    ``MAX_ROWS`` rows, weights of at least ``MIN_WEIGHT`` elements, with about ``PROGRAMS``
+    programs; anything else goes to cuBLAS. ``linear`` equals ``F.linear`` either way."""
+    monkeypatch.setattr(skinny, "MIN_WEIGHT", 1 << 18)
+    w, x = torch.randn(1024, 512), torch.randn(4, 512)
+    assert skinny.applies(x, w)
+    assert not skinny.applies(torch.randn(5, 512), w)  # rows enough for a tensor-core GEMM
+    assert not skinny.applies(x.double(), w.double())  # the exact float64 path stays cuBLAS's
+    assert not skinny.applies(x, w[:100])  # launch-bound either way
+    bn, bk = skinny.tiles(3072, 512)
+    assert 128 <= -(-3072 // bn) <= 2 * skinny.PROGRAMS and bn * bk <= skinny.TILE and bk <= 512
+    assert skinny.tiles(512, 1024)[0] == 4  # narrow outputs: the fewest columns a program
+    x3 = torch.randn(1, 3, 512)
+    b = torch.randn(1024)
+    assert close(skinny.linear(x3, w, b), F.linear(x3, w, b))  # 3 rows: the kernel
+    x6 = torch.randn(2, 3, 512)
+    assert close(skinny.linear(x6, w, b), F.linear(x6, w, b))  # 6 rows: cuBLAS

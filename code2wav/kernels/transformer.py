@@ -5,11 +5,12 @@ work: RMSNorm is ~7 launches, RoPE ~8 per tensor, the KV window's gather/cat/sli
 ~12, layer scale + residual 2 more, ``silu * up`` 2. Here each group is one pass:
 
 * ``add_rms_norm``: ``x + scale * h`` and the next RMSNorm of it (``rms_norm`` without ``h``);
-* ``rope_kv_cat``: RoPE on q and k straight from the fused qkv GEMM's output, and the keys and
-  values prepended with the pool's history rows (``cat([pool[slots], new], time)``);
-* ``kv_write``: each row's last ``W`` valid keys/values back to its slot. It reads the
-  concatenation, never the pool, and runs after ``rope_kv_cat`` in stream order, so the pool is
-  never read and written by the same launch;
+* ``rope_kv_cat``: RoPE on q and k straight from the fused qkv GEMM's output, the keys and
+  values prepended with the pool's history rows (``cat([pool[slots], new], time)``), and each
+  row's last ``W`` valid keys/values written back to its slot (``kv_write`` is the eager form).
+  Reading and writing the pool in one launch is race-free because one program per (row, kv
+  head) does all of that slot's pool accesses, in an order where none reads what it wrote
+  (see the kernel, and kernels/history.py, which does the same for the convs);
 * ``silu_mul``: ``silu(gate) * up`` from the fused gate/up GEMM's output.
 
 Intermediates stay in fp32 inside a kernel (the eager path rounds after every op), so fp32
@@ -96,63 +97,85 @@ if triton is not None:
         return x * cos + sign * xp * sin
 
     @triton.jit
+    def _new_kv_rows(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, b, h, s, d, pd, sign, dm,
+                     T, W, H, HKV, D, sqb, sqt, scb, sct, STORE: tl.constexpr):
+        """Rows ``s`` of the key axis [0, W + T) from the new frames ``t = s - W``: stores rotated
+        q (every head) and, for kv heads, rotated k and plain v at ``s`` when ``STORE``; rows
+        ``s < W`` are left zero. Returns the fp32 k, v (the pool write's new rows)."""
+        new = (s >= W) & (s < W + T) & dm
+        t = tl.where(s >= W, s - W, 0)
+        cos = tl.load(cos_ptr + b * scb + t * sct + d, mask=new, other=0.0).to(tl.float32)
+        sin = tl.load(sin_ptr + b * scb + t * sct + d, mask=new, other=0.0).to(tl.float32)
+        row = qkv_ptr + b * sqb + t * sqt
+        kvm = new & (h < HKV)
+        k = _rotated(row + (H + h) * D, d, pd, sign, cos, sin, kvm)
+        v = tl.load(row + (H + HKV + h) * D + d, mask=kvm, other=0.0).to(tl.float32)
+        if STORE:
+            q = _rotated(row + h * D, d, pd, sign, cos, sin, new)
+            tl.store(q_ptr + ((b * T + t) * H + h) * D + d, q.to(q_ptr.dtype.element_ty), mask=new)
+            out = ((b * HKV + h) * (W + T) + s) * D + d
+            om = (s < W + T) & dm & (h < HKV)
+            tl.store(k_ptr + out, k.to(k_ptr.dtype.element_ty), mask=om)
+            tl.store(v_ptr + out, v.to(v_ptr.dtype.element_ty), mask=om)
+        return k, v
+
+    @triton.jit
     def _rope_kv_cat_kernel(
-        qkv_ptr, cos_ptr, sin_ptr, pk_ptr, pv_ptr, slots_ptr, q_ptr, k_ptr, v_ptr,
+        qkv_ptr, cos_ptr, sin_ptr, pk_ptr, pv_ptr, slots_ptr, n_new_ptr, q_ptr, k_ptr, v_ptr,
         T, W, H, HKV, D, sqb, sqt, scb, sct,
-        HAS_POOL: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+        HAS_POOL: tl.constexpr, WRITE: tl.constexpr, CHUNKS: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
     ):
-        # Program (b * H + h, tile): rows s = tile * ROWS ... of the key axis [0, W + T). History
-        # rows s < W come from the pool (kv heads only); new rows s >= W are frame t = s - W,
-        # where head h writes rotated q and, if h < HKV, rotated k and plain v.
+        # Program (b * H + h, tile) over the key axis [0, W + T): history rows s < W come from
+        # the pool (kv heads only); new rows s >= W are frame t = s - W, where head h writes
+        # rotated q and, if h < HKV, rotated k and plain v. With a pool, tile 0 is the history
+        # program: rows [0, W) and every pool access of (b, h), as in kernels/history.py (chunks
+        # of increasing row j: a chunk reads rows >= its first, earlier ones wrote below it; a
+        # barrier orders a chunk's loads before its stores); tiles 1.. take rows [W, W + T).
         bh = tl.program_id(0)
         b = bh // H
         h = bh % H
-        S = W + T
-        s = tl.program_id(1) * ROWS + tl.arange(0, ROWS)[:, None]
+        r = tl.arange(0, ROWS)[:, None]
         d = tl.arange(0, BLOCK_D)[None, :]
         dm = d < D
         half = D // 2
         pd = tl.where(d < half, d + half, d - half)
         sign = tl.where(d < half, -1.0, 1.0)
-        is_kv = h < HKV
-        new = (s >= W) & (s < S) & dm
-        t = tl.where(s >= W, s - W, 0)
-        cos = tl.load(cos_ptr + b * scb + t * sct + d, mask=new, other=0.0).to(tl.float32)
-        sin = tl.load(sin_ptr + b * scb + t * sct + d, mask=new, other=0.0).to(tl.float32)
-        row = qkv_ptr + b * sqb + t * sqt
-        q = _rotated(row + h * D, d, pd, sign, cos, sin, new)
-        tl.store(q_ptr + ((b * T + t) * H + h) * D + d, q.to(q_ptr.dtype.element_ty), mask=new)
-        kvm = new & is_kv
-        k = _rotated(row + (H + h) * D, d, pd, sign, cos, sin, kvm)
-        v = tl.load(row + (H + HKV + h) * D + d, mask=kvm, other=0.0).to(tl.float32)
         if HAS_POOL:
-            hm = (s < W) & dm & is_kv
-            slot = tl.load(slots_ptr + b)
-            src = ((slot * HKV + h) * W + s) * D + d
-            k = tl.where(s < W, tl.load(pk_ptr + src, mask=hm, other=0.0).to(tl.float32), k)
-            v = tl.where(s < W, tl.load(pv_ptr + src, mask=hm, other=0.0).to(tl.float32), v)
-        out = ((b * HKV + h) * S + s) * D + d
-        om = (s < S) & dm & is_kv
-        tl.store(k_ptr + out, k.to(k_ptr.dtype.element_ty), mask=om)
-        tl.store(v_ptr + out, v.to(v_ptr.dtype.element_ty), mask=om)
-
-    @triton.jit
-    def _kv_write_kernel(
-        pk_ptr, pv_ptr, slots_ptr, n_new_ptr, k_ptr, v_ptr, S, W, HKV, D,
-        ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
-    ):
-        bh = tl.program_id(0)
-        b = bh // HKV
-        h = bh % HKV
-        j = tl.program_id(1) * ROWS + tl.arange(0, ROWS)[:, None]
-        d = tl.arange(0, BLOCK_D)[None, :]
-        m = (j < W) & (d < D)
-        start = tl.load(n_new_ptr + b)  # row b's window ends at its last valid frame
-        src = ((b * HKV + h) * S + start + j) * D + d
-        slot = tl.load(slots_ptr + b)
-        dst = ((slot * HKV + h) * W + j) * D + d
-        tl.store(pk_ptr + dst, tl.load(k_ptr + src, mask=m).to(pk_ptr.dtype.element_ty), mask=m)
-        tl.store(pv_ptr + dst, tl.load(v_ptr + src, mask=m).to(pv_ptr.dtype.element_ty), mask=m)
+            if tl.program_id(1) == 0:
+                if h < HKV:
+                    pool_head = (tl.load(slots_ptr + b) * HKV + h) * W * D
+                    out_head = (b * HKV + h) * (W + T) * D
+                    start = 0
+                    if WRITE:
+                        start = tl.load(n_new_ptr + b)  # row b's window ends at its last valid frame
+                    for i in tl.static_range(CHUNKS):  # increasing j: no chunk reads a row an earlier one wrote
+                        j = i * ROWS + r
+                        m = (j < W) & dm
+                        old_k = tl.load(pk_ptr + pool_head + j * D + d, mask=m, other=0.0).to(tl.float32)
+                        old_v = tl.load(pv_ptr + pool_head + j * D + d, mask=m, other=0.0).to(tl.float32)
+                        if WRITE:
+                            src = start + j  # where the new history's row j sits in the key axis
+                            hm = m & (src < W)
+                            kept_k = tl.load(pk_ptr + pool_head + src * D + d, mask=hm, other=0.0).to(tl.float32)
+                            kept_v = tl.load(pv_ptr + pool_head + src * D + d, mask=hm, other=0.0).to(tl.float32)
+                            k, v = _new_kv_rows(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, b, h, src, d, pd, sign, m,
+                                                T, W, H, HKV, D, sqb, sqt, scb, sct, STORE=False)
+                            # Rounded to the keys' dtype first: the value the keys hold at src.
+                            k = tl.where(src < W, kept_k, k).to(k_ptr.dtype.element_ty)
+                            v = tl.where(src < W, kept_v, v).to(v_ptr.dtype.element_ty)
+                            tl.debug_barrier()  # all of this chunk's pool loads before any store to it
+                            tl.store(pk_ptr + pool_head + j * D + d, k.to(pk_ptr.dtype.element_ty), mask=m)
+                            tl.store(pv_ptr + pool_head + j * D + d, v.to(pv_ptr.dtype.element_ty), mask=m)
+                        tl.store(k_ptr + out_head + j * D + d, old_k.to(k_ptr.dtype.element_ty), mask=m)
+                        tl.store(v_ptr + out_head + j * D + d, old_v.to(v_ptr.dtype.element_ty), mask=m)
+            else:
+                s = W + (tl.program_id(1) - 1) * ROWS + r
+                _new_kv_rows(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, b, h, s, d, pd, sign, dm,
+                             T, W, H, HKV, D, sqb, sqt, scb, sct, STORE=True)
+        else:
+            s = tl.program_id(1) * ROWS + r
+            _new_kv_rows(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, b, h, s, d, pd, sign, dm,
+                         T, W, H, HKV, D, sqb, sqt, scb, sct, STORE=True)
 
     @triton.jit
     def _silu_mul_kernel(gu_ptr, y_ptr, N, I, BLOCK: tl.constexpr):
@@ -204,17 +227,19 @@ def add_rms_norm(x: Tensor, h: Tensor, scale: Tensor, weight: Tensor, eps: float
 def rope_kv_cat(
     qkv: Tensor, n_heads: int, n_kv: int, cos: Tensor, sin: Tensor,
     pool_k: Tensor | None = None, pool_v: Tensor | None = None, slots: Tensor | None = None,
-    out_dtype: torch.dtype | None = None,
+    out_dtype: torch.dtype | None = None, n_new: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """From the fused projection ``qkv`` [B, T, (H + 2 Hkv) D] (q, k, v heads in that order) and
     RoPE tables ``cos``/``sin`` [B, T, D]: rotated q [B, H, T, D], and keys (rotated) and values
     [B, Hkv, W + T, D] with the pool's ``W`` history rows of each row's slot first (``pool_*``
     [slots, Hkv, W, D]; no history without a pool). q is a view of [B, T, H, D] memory, keys and
     values are contiguous: what SDPA takes without copies. All three in ``out_dtype`` (default
-    ``qkv``'s)."""
+    ``qkv``'s). With a pool and ``n_new``, also writes each row's new history back in the same
+    pass, as :func:`kv_write` of the result would."""
     B, T, E = qkv.shape
     D = E // (n_heads + 2 * n_kv)
     W = pool_k.shape[2] if pool_k is not None else 0
+    write = pool_k is not None and n_new is not None
     if not snake.fused(qkv) or B * n_kv * (W + T) * D >= 2**31:
         q, k, v = _split_heads(qkv, n_heads, n_kv)
         q, k = rotate_eager(q, cos, sin), rotate_eager(k, cos, sin)
@@ -222,44 +247,44 @@ def rope_kv_cat(
             k = torch.cat([pool_k.index_select(0, slots).to(k.dtype), k], dim=2)
             v = torch.cat([pool_v.index_select(0, slots).to(v.dtype), v], dim=2)
         out_dtype = out_dtype or qkv.dtype
-        return q.to(out_dtype), k.to(out_dtype), v.to(out_dtype)
+        q, k, v = q.to(out_dtype), k.to(out_dtype), v.to(out_dtype)
+        if write:
+            kv_write(pool_k, pool_v, slots, k, v, n_new)
+        return q, k, v
     if qkv.stride(-1) != 1:
         qkv = qkv.contiguous()
     cos, sin = cos.contiguous(), sin.contiguous()
-    if pool_k is not None:
-        pool_k, pool_v = pool_k.contiguous(), pool_v.contiguous()  # the pool's are: no copy
+    has_pool = pool_k is not None
+    # The kernel writes the pools in place, so only dense ones (StatePool's are); others are
+    # read from dense copies and written eagerly after.
+    in_place = write and pool_k.is_contiguous() and pool_v.is_contiguous()
+    if has_pool:
+        pk, pv = pool_k.contiguous(), pool_v.contiguous()
     q = qkv.new_empty(B, T, n_heads, D, dtype=out_dtype)
     k = qkv.new_empty(B, n_kv, W + T, D, dtype=out_dtype)
     v = torch.empty_like(k)
     block_d = triton.next_power_of_2(D)
     rows = _rows(W + T, block_d)
-    has_pool = pool_k is not None
-    dummy = qkv  # never read: HAS_POOL switches those loads off
-    _rope_kv_cat_kernel[(B * n_heads, triton.cdiv(W + T, rows))](
-        qkv, cos, sin, pool_k if has_pool else dummy, pool_v if has_pool else dummy,
-        slots if has_pool else dummy, q, k, v,
+    tiles = 1 + triton.cdiv(T, rows) if has_pool else triton.cdiv(W + T, rows)
+    dummy = qkv  # never read: HAS_POOL / WRITE switch those loads off
+    _rope_kv_cat_kernel[(B * n_heads, tiles)](
+        qkv, cos, sin, pk if has_pool else dummy, pv if has_pool else dummy,
+        slots if has_pool else dummy, n_new if in_place else dummy, q, k, v,
         T, W, n_heads, n_kv, D, qkv.stride(0), qkv.stride(1), cos.stride(0), cos.stride(1),
-        HAS_POOL=has_pool, ROWS=rows, BLOCK_D=block_d,
+        HAS_POOL=has_pool, WRITE=in_place, CHUNKS=triton.cdiv(W, rows), ROWS=rows, BLOCK_D=block_d,
     )
+    if write and not in_place:
+        kv_write(pool_k, pool_v, slots, k, v, n_new)
     return q.transpose(1, 2), k, v
 
 
 def kv_write(pool_k: Tensor, pool_v: Tensor, slots: Tensor, k: Tensor, v: Tensor, n_new: Tensor) -> None:
     """``pool_*[slots[b]] = *[b, :, n_new[b] : n_new[b] + W]`` for ``k``/``v`` [B, Hkv, W + T, D]
-    from :func:`rope_kv_cat`: each row's last ``W`` keys/values up to its last valid frame, in place."""
+    from :func:`rope_kv_cat`: each row's last ``W`` keys/values up to its last valid frame, in
+    place. The eager write (the fused one is :func:`rope_kv_cat` with ``n_new``), and its reference."""
     W = pool_k.shape[2]
-    # The kernel writes the pools in place, so it needs them dense (StatePool's are).
-    if not snake.fused(k) or not (pool_k.is_contiguous() and pool_v.is_contiguous()):
-        pool_k.index_copy_(0, slots, window(k, n_new, W, dim=2).to(pool_k.dtype))
-        pool_v.index_copy_(0, slots, window(v, n_new, W, dim=2).to(pool_v.dtype))
-        return
-    k, v = k.contiguous(), v.contiguous()
-    B, n_kv, S, D = k.shape
-    block_d = triton.next_power_of_2(D)
-    rows = _rows(W, block_d)
-    _kv_write_kernel[(B * n_kv, triton.cdiv(W, rows))](
-        pool_k, pool_v, slots, n_new, k, v, S, W, n_kv, D, ROWS=rows, BLOCK_D=block_d
-    )
+    pool_k.index_copy_(0, slots, window(k, n_new, W, dim=2).to(pool_k.dtype))
+    pool_v.index_copy_(0, slots, window(v, n_new, W, dim=2).to(pool_v.dtype))
 
 
 def silu_mul(gu: Tensor) -> Tensor:

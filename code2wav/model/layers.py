@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from code2wav.kernels import unit
+from code2wav.kernels import skinny, unit
 from code2wav.kernels.mono_conv import mono_conv
 from code2wav.kernels.snake import bias_add, is_channels_last, residual_add, snake_beta, to_layout
 from code2wav.model.streaming import Step, StreamingLayer
@@ -89,8 +89,7 @@ class CausalConv1d(StreamingLayer):
         k, d, c_out = self.conv.kernel_size[0], self.conv.dilation[0], self.conv.out_channels
         cols = xx.as_strided((B, L, k, C), (xx.stride(0), C, d * C, 1)).reshape(B * L, k * C)
         w = self.conv.weight.permute(0, 2, 1).reshape(c_out, k * C)
-        y = cols @ w.t() if bias is None else torch.addmm(bias, cols, w.t())
-        return y.view(B, L, c_out).transpose(1, 2)
+        return skinny.matmul_t(cols, w, bias).view(B, L, c_out).transpose(1, 2)
 
 
 class CausalConvTranspose1d(StreamingLayer):
@@ -151,11 +150,11 @@ class CausalConvTranspose1d(StreamingLayer):
         rows = rows.reshape(B * T, C)
         w = self.conv.weight.permute(0, 2, 1).reshape(C, -1)  # [c_in, k * c_out]: a view when channels-last
         if not self.history:  # k == s: each input sample makes one output block alone
-            y = torch.addmm(self.bias_rows, rows, w)
+            y = skinny.matmul_t(rows, w.t(), self.bias_rows)
             return y.view(B, T * s, c_out).transpose(1, 2)
         y = torch.empty(B * T, s * c_out, device=xx.device, dtype=xx.dtype)
-        torch.addmm(self.bias_rows, rows[:-1], w[:, s * c_out :], out=y[1:])  # previous sample, last s taps
-        y[1:].addmm_(rows[1:], w[:, : s * c_out])  # this sample, first s taps
+        skinny.matmul_t(rows[:-1], w[:, s * c_out :].t(), self.bias_rows, out=y[1:])  # previous sample, last s taps
+        skinny.matmul_t(rows[1:], w[:, : s * c_out].t(), out=y[1:], accumulate=True)  # this sample, first s taps
         # Row 0 of each batch row is the history's block (row 0 overall was never written).
         return y.view(B, T, s * c_out)[:, 1:].reshape(B, (T - 1) * s, c_out).transpose(1, 2)
 
@@ -188,7 +187,7 @@ class ConvNeXtBlock(nn.Module):
         h = self.dwconv(x, step).transpose(1, 2)
         # layer_norm accumulates half/bf16 inputs in fp32 internally (and fp64 in fp64).
         h = F.layer_norm(h, (h.shape[-1],), self.norm.weight, self.norm.bias, self.norm.eps)
-        h = self.pwconv2(F.gelu(self.pwconv1(h)))
+        h = skinny.linear(F.gelu(skinny.linear(h, self.pwconv1.weight, self.pwconv1.bias)), self.pwconv2.weight, self.pwconv2.bias)
         return x + (self.gamma * h).transpose(1, 2)
 
 

@@ -5,8 +5,8 @@ previous ConvTranspose input, attention keys and values). Histories of all strea
 pool: one tensor per layer of shape ``[slots, ...]``. A batched :class:`Step` names which slots
 take part and how many new frames each row really carries; a layer reads its rows' histories
 (``gather``), prepends them to its new input, computes, and writes back the last ``H`` samples
-of the *valid* part (``scatter``), in place. Conv layers do both through ``_with_history``, one
-fused pass each on CUDA. The whole-utterance forward is the same code with
+of the *valid* part (``scatter``), in place. Conv layers do both through ``_with_history``: one
+kernel on CUDA that reads and writes. The whole-utterance forward is the same code with
 ``step=None`` and zero histories, which is exactly the causal zero padding of the original
 model; so a cold stream and the plain forward agree by construction.
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from code2wav.kernels.history import history_cat, history_write
+from code2wav.kernels.history import history_cat
 
 
 @dataclass
@@ -69,10 +69,8 @@ class StreamingLayer(nn.Module):
         params = (act.alpha, act.beta) if act is not None else None
         if step is None:
             return history_cat(x, self.history, act=params, bias=bias, multiple=multiple)
-        pool = step.pool[self.state_key]
-        xx = history_cat(x, self.history, pool, step.slots, params, bias, multiple)
-        history_write(pool, step.slots, xx, step.n_new, self.rate, self.history)
-        return xx
+        return history_cat(x, self.history, step.pool[self.state_key], step.slots, params, bias, multiple,
+                           n_new=step.n_new, rate=self.rate)
 
 
 def assign_state_keys(model: nn.Module) -> None:

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from code2wav.kernels import snake
+from code2wav.kernels import skinny, snake
 from code2wav.kernels.history import window
-from code2wav.kernels.transformer import add_rms_norm, kv_write, rms_norm, rms_norm_eager, rope_kv_cat, rotate_eager, silu_mul
+from code2wav.kernels.transformer import add_rms_norm, rms_norm, rms_norm_eager, rope_kv_cat, rotate_eager, silu_mul
 from code2wav.model.config import DecoderConfig
 from code2wav.model.streaming import Step, StreamingLayer
 
@@ -113,21 +113,20 @@ class Attention(StreamingLayer):
         return self.o_proj(out.to(x.dtype).transpose(1, 2).reshape(B, T, -1))
 
     def forward_fused(self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, step: Step | None) -> Tensor:
-        """:meth:`forward` after :meth:`fuse`: one GEMM, RoPE + history concat in one kernel, the
-        history write in one more (after the read, in stream order, so they never race)."""
+        """:meth:`forward` after :meth:`fuse`: one GEMM, then RoPE, the history concat and the
+        history write in one kernel."""
         B, T, _ = x.shape
-        qkv = F.linear(x, self.qkv_weight)
+        qkv = skinny.linear(x, self.qkv_weight)
         if step is None:
             q, k, v = rope_kv_cat(qkv, self.n_heads, self.n_kv, *rope, out_dtype=self.attention_dtype)
         else:
             pk, pv = step.pool[f"{self.state_key}.k"], step.pool[f"{self.state_key}.v"]
-            q, k, v = rope_kv_cat(qkv, self.n_heads, self.n_kv, *rope, pk, pv, step.slots, self.attention_dtype)
-            kv_write(pk, pv, step.slots, k, v, step.n_new)
+            q, k, v = rope_kv_cat(qkv, self.n_heads, self.n_kv, *rope, pk, pv, step.slots, self.attention_dtype, step.n_new)
         if self.n_kv != self.n_heads:
             k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
             v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim))
-        return self.o_proj(out.to(x.dtype).transpose(1, 2).reshape(B, T, -1))
+        return skinny.linear(out.to(x.dtype).transpose(1, 2).reshape(B, T, -1), self.o_proj.weight)
 
 
 class MLP(nn.Module):
@@ -146,7 +145,7 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
     def forward_fused(self, x: Tensor) -> Tensor:
-        return self.down_proj(silu_mul(F.linear(x, self.gate_up_weight)))
+        return skinny.linear(silu_mul(skinny.linear(x, self.gate_up_weight)), self.down_proj.weight)
 
 
 class TransformerLayer(nn.Module):
@@ -213,7 +212,7 @@ class Transformer(nn.Module):
     def _forward_fused(self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, step: Step | None) -> Tensor:
         """The layers' math regrouped so each residual add + layer scale shares a kernel with the
         RMSNorm that follows it (the next layer's input norm, or the final norm)."""
-        h = self.input_proj(x)
+        h = skinny.linear(x, self.input_proj.weight, self.input_proj.bias)
         bias = _additive_mask(mask, self.layers[0].self_attn.attention_dtype or h.dtype)
         layers = list(self.layers)
         n = rms_norm(h, layers[0].input_layernorm.weight, layers[0].input_layernorm.eps)
@@ -223,7 +222,7 @@ class Transformer(nn.Module):
             h, n = add_rms_norm(h, a, layer.self_attn_layer_scale.scale, post.weight, post.eps)
             nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.norm
             h, n = add_rms_norm(h, layer.mlp.forward_fused(n), layer.mlp_layer_scale.scale, nxt.weight, nxt.eps)
-        return self.output_proj(n)
+        return skinny.linear(n, self.output_proj.weight, self.output_proj.bias)
 
 
 def _additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:

@@ -1,0 +1,78 @@
+"""The few-row float32 products of a small step: cuBLAS (TF32 allowed, as the low-rate stages
+run) against ``code2wav/kernels/skinny.py``, per shape, each timed as 50 calls replayed in one
+CUDA graph (so launch gaps are the GPU's, as in a step's graph), and checked against float64.
+Exits non-zero unless the kernel is within 1e-5 of float64 (relative to the peak) and faster
+in sum; then a tile sweep around the defaults."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from code2wav.kernels import skinny
+
+# (rows, K, N): the transformer's q/k/v, o, gate/up, down and its in/out projections, the
+# upsamplers' ConvNeXt MLPs (rows: 1-frame step at rates 2 and 4) and their ConvTranspose.
+SHAPES = [(1, 512, 3072), (1, 1024, 512), (1, 512, 2048), (1, 1024, 512), (1, 1024, 512), (1, 512, 1024),
+          (2, 1024, 4096), (2, 4096, 1024), (4, 1024, 4096), (4, 4096, 1024), (1, 1024, 2048), (4, 512, 3072)]
+
+
+def timed(fn, reps: int = 50) -> float:
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        g.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / (10 * reps)
+
+
+def main() -> int:
+    torch.backends.cuda.matmul.allow_tf32 = True
+    print(f"{'rows':>5}{'K':>6}{'N':>6}{'MB':>7}{'cuBLAS us':>11}{'skinny us':>11}{'TB/s':>7}  err vs fp64 (cuBLAS / skinny)")
+    total, worst = [0.0, 0.0], 0.0
+    for m, k, n in SHAPES:
+        x = torch.randn(m, k, device="cuda")
+        w = torch.randn(n, k, device="cuda") / k**0.5
+        b = torch.randn(n, device="cuda")
+        ref = (x.double() @ w.double().T + b.double())
+        a, s = F.linear(x, w, b), skinny.matmul_t(x, w, b)
+        errs = [((y.double() - ref).abs().max() / ref.abs().max()).item() for y in (a, s)]
+        t = [timed(lambda: F.linear(x, w, b)), timed(lambda: skinny.matmul_t(x, w, b))]
+        total = [total[0] + t[0], total[1] + t[1]]
+        worst = max(worst, errs[1])
+        mb = w.numel() * 4 / 1e6
+        print(f"{m:>5}{k:>6}{n:>6}{mb:>7.1f}{t[0]:>11.2f}{t[1]:>11.2f}{mb / t[1]:>7.2f}  {errs[0]:.1e} / {errs[1]:.1e}")
+    print(f"sum: cuBLAS {total[0]:.1f} us, skinny {total[1]:.1f} us")
+    ok = worst <= 1e-5 and total[1] < total[0]
+    print(f"{'PASS' if ok else 'FAIL'} skinny: worst rel err {worst:.1e}, {total[1]:.1f} vs cuBLAS {total[0]:.1f} us", flush=True)
+    # The tile settings around the defaults: the sum over the shapes, skinny only.
+    default = skinny.TILE, skinny.PROGRAMS
+    try:
+        for tile, programs in ((2048, 256), (8192, 256), (4096, 128), (4096, 512), (8192, 512), (2048, 512)):
+            skinny.TILE, skinny.PROGRAMS = tile, programs
+            sweep = 0.0
+            for m, k, n in SHAPES:
+                x, w, b = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda"), torch.randn(n, device="cuda")
+                sweep += timed(lambda: skinny.matmul_t(x, w, b))
+            print(f"TILE {tile} PROGRAMS {programs}: skinny sum {sweep:.1f} us", flush=True)
+    except Exception as e:  # a setting that does not compile is reported, not fatal
+        print(f"sweep stopped: {type(e).__name__}: {e}")
+    skinny.TILE, skinny.PROGRAMS = default
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

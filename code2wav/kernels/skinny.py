@@ -1,0 +1,102 @@
+"""Float32 matrix products with a handful of rows (Triton on CUDA): ``y = x @ W^T + bias``.
+
+In a 1-frame step the low-rate stages (transformer, upsamplers; float32) multiply one to four
+rows by ~200 MB of float32 weights in ~40 products. Those are weight reads: ~40 us of memory
+time on an H200, but cuBLAS's GEMV and split-K kernels took ~200 us, ~3-5 us each, reading at
+1-2 TB/s. Here each program reduces a few output columns over the whole K for every row (the
+rows share each weight tile loaded), with enough programs to keep the SMs'
+loads in flight. Products are plain float32 FMAs (no TF32 rounding of the inputs): at least as
+exact as the GEMMs they replace.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor
+
+from code2wav.kernels import snake
+from code2wav.kernels.snake import triton
+
+MAX_ROWS = 4  # more rows than this: cuBLAS (the weight tile is then worth a tensor-core GEMM)
+MIN_WEIGHT = 1 << 18  # smaller weights (elements) stay with cuBLAS: launch-bound either way
+TILE = 4096  # weight elements per program per K step (32 fp32 registers a thread at 4 warps)
+PROGRAMS = 256  # aim: about two programs per SM on an H200 (132 SMs)
+# False (or CODE2WAV_SKINNY=0 in the environment): every product through cuBLAS (the A/B:
+# bench/profile_step.py "-skinny=0", bench/skinny.py).
+ENABLED = os.environ.get("CODE2WAV_SKINNY", "1") != "0"
+
+if triton is not None:
+    import triton.language as tl
+
+    @triton.jit
+    def _skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, sxm, sxk, swn, swk, sym, syn,
+                       K: tl.constexpr, M: tl.constexpr, ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        nm = n < N
+        r = tl.arange(0, ROWS)[:, None]  # ROWS: M rounded up to a power of two
+        acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+        for k0 in tl.range(0, K, BLOCK_K):  # K is a constexpr: each layer has one
+            k = k0 + tl.arange(0, BLOCK_K)
+            km = k < K
+            w = tl.load(w_ptr + n[:, None] * swn + k[None, :] * swk, mask=nm[:, None] & km[None, :], other=0.0).to(tl.float32)
+            for m in tl.static_range(M):  # M <= MAX_ROWS, unrolled: every row uses the tile loaded once
+                x = tl.load(x_ptr + m * sxm + k * sxk, mask=km, other=0.0).to(tl.float32)
+                acc += tl.where(r == m, tl.sum(w * x[None, :], axis=1)[None, :], 0.0)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + n, mask=nm, other=0.0).to(tl.float32)[None, :]
+        out = y_ptr + r * sym + n[None, :] * syn
+        om = (r < M) & nm[None, :]
+        if ACCUMULATE:
+            acc += tl.load(out, mask=om, other=0.0)
+        tl.store(out, acc, mask=om)
+
+
+def applies(x: Tensor, w: Tensor) -> bool:
+    """Float32 where the Triton kernels run (``snake.fused``: CUDA), at most ``MAX_ROWS`` rows,
+    a weight worth it."""
+    return (ENABLED and snake.fused(x) and x.dtype == w.dtype == torch.float32
+            and x.dim() == 2 and x.shape[0] <= MAX_ROWS and w.numel() >= MIN_WEIGHT)
+
+
+def tiles(n: int, k: int) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_K): output columns per program such that there are about ``PROGRAMS``
+    programs (4 to 64 columns), and K steps of ``TILE / BLOCK_N`` (at most K rounded up)."""
+    bn = 4
+    while bn < 64 and -(-n // (bn * 2)) >= PROGRAMS:
+        bn *= 2
+    bk = min(TILE // bn, triton.next_power_of_2(k))
+    return bn, bk
+
+
+def matmul_t(x: Tensor, w: Tensor, bias: Tensor | None = None, out: Tensor | None = None, accumulate: bool = False) -> Tensor:
+    """``x @ w.T (+ bias)`` for ``x`` [M, K] and ``w`` [N, K] (any strides), into ``out`` [M, N]
+    if given (``accumulate``: ``out += ...``). Through the kernel where ``applies(x, w)``, else
+    ``torch.addmm`` / ``matmul``."""
+    if not applies(x, w):
+        if out is None:
+            return x @ w.t() if bias is None else torch.addmm(bias, x, w.t())
+        if accumulate:
+            return out.addmm_(x, w.t()) if bias is None else out.add_(torch.addmm(bias, x, w.t()))
+        return torch.matmul(x, w.t(), out=out) if bias is None else torch.addmm(bias, x, w.t(), out=out)
+    M, K = x.shape
+    N = w.shape[0]
+    if out is None:
+        out = torch.empty(M, N, device=x.device, dtype=torch.float32)
+    bn, bk = tiles(N, K)
+    _skinny_kernel[(triton.cdiv(N, bn),)](
+        x, w, bias if bias is not None else w, out, N, *x.stride(), *w.stride(), *out.stride(),
+        K=K, M=M, ROWS=max(2, triton.next_power_of_2(M)), HAS_BIAS=bias is not None, ACCUMULATE=accumulate, BLOCK_N=bn, BLOCK_K=bk, num_warps=4,
+    )
+    return out
+
+
+def linear(x: Tensor, w: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear`` over the last dim of ``x`` [..., K], through :func:`matmul_t` when the
+    leading dims hold at most ``MAX_ROWS`` rows."""
+    rows = x.reshape(-1, x.shape[-1])  # a view for the rows these layers see
+    if not applies(rows, w):
+        return torch.nn.functional.linear(x, w, bias)
+    return matmul_t(rows, w, bias).view(*x.shape[:-1], w.shape[0])
