@@ -124,6 +124,11 @@ def test_encode_runs_on_the_worker_per_row(m, codes):
 def test_backpressure_and_refusals(m, codes):
     async def main():
         core = StreamEngine(m, max_streams=1)
+        idle = AsyncEngine(core)
+        await idle.open("a")
+        with pytest.raises(StreamError, match="not running"):  # nothing would ever decode it
+            idle.submit("a", codes[:1])
+        await idle.abort("a")
         async with AsyncEngine(core, max_pending_chunks=2) as eng:
             await eng.open("a")
             with pytest.raises(PoolFull):

@@ -445,6 +445,23 @@ def test_small_conv_as_gemm_equals_the_conv(monkeypatch, kernel, dilation):
     assert len(calls) == 3
 
 
+def _ragged_pair_is_exact(m, codes, ref) -> None:
+    """A cold stream and one with a 30-frame prefix, stepped together with ragged chunks: each
+    equals the float64 forward ``ref``."""
+    engine = StreamEngine(m, max_streams=3)
+    engine.open("a")
+    engine.open("b", codes[:30])
+    got = {"a": [], "b": []}
+    at = {"a": 0, "b": 30}
+    for size_a, size_b in ((1, 25), (25, 3), (7, 25), (30, 1)):
+        out = engine.step({"a": codes[at["a"] : at["a"] + size_a], "b": codes[at["b"] : at["b"] + size_b]})
+        for rid, size in (("a", size_a), ("b", size_b)):
+            got[rid].append(out[rid])
+            at[rid] += size
+    assert max_err(torch.cat(got["a"]), ref[: at["a"] * SPF]) <= 1e-9
+    assert max_err(torch.cat(got["b"]), ref[30 * SPF : at["b"] * SPF]) <= 1e-9
+
+
 def test_streams_with_small_convs_as_gemms_match_the_forward(small64, monkeypatch):
     """The whole decoder channels-last with every full conv of a small step run as a GEMM:
     streams with and without a prefix, batched with ragged chunks, still equal the float64
@@ -457,19 +474,8 @@ def test_streams_with_small_convs_as_gemms_match_the_forward(small64, monkeypatc
     real = CausalConv1d._as_gemm
     monkeypatch.setattr(CausalConv1d, "_as_gemm", lambda self, *a: calls.append(1) or real(self, *a))
     monkeypatch.setattr(CausalConv1d, "gemm_rows", 1 << 30)
-    engine = StreamEngine(cl, max_streams=3)
-    engine.open("a")
-    engine.open("b", codes[:30])
-    got = {"a": [], "b": []}
-    at = {"a": 0, "b": 30}
-    for size_a, size_b in ((1, 25), (25, 3), (7, 25), (30, 1)):
-        out = engine.step({"a": codes[at["a"] : at["a"] + size_a], "b": codes[at["b"] : at["b"] + size_b]})
-        for rid, size in (("a", size_a), ("b", size_b)):
-            got[rid].append(out[rid])
-            at[rid] += size
+    _ragged_pair_is_exact(cl, codes, ref)
     assert calls
-    assert max_err(torch.cat(got["a"]), ref[: at["a"] * SPF]) <= 1e-9
-    assert max_err(torch.cat(got["b"]), ref[30 * SPF : at["b"] * SPF]) <= 1e-9
 
 
 @pytest.mark.parametrize("stride,kernel", [(2, 2), (3, 6), (8, 16)])
@@ -527,18 +533,7 @@ def test_streams_with_convtranspose_as_gemm_match_the_forward(small64, monkeypat
         raise AssertionError("a ConvTranspose fell back to the transposed conv")
 
     monkeypatch.setattr(torch.nn.functional, "conv_transpose2d", no_transposed_conv)
-    engine = StreamEngine(cl, max_streams=3)
-    engine.open("a")
-    engine.open("b", codes[:30])
-    got = {"a": [], "b": []}
-    at = {"a": 0, "b": 30}
-    for size_a, size_b in ((1, 25), (25, 3), (7, 25), (30, 1)):
-        out = engine.step({"a": codes[at["a"] : at["a"] + size_a], "b": codes[at["b"] : at["b"] + size_b]})
-        for rid, size in (("a", size_a), ("b", size_b)):
-            got[rid].append(out[rid])
-            at[rid] += size
-    assert max_err(torch.cat(got["a"]), ref[: at["a"] * SPF]) <= 1e-9
-    assert max_err(torch.cat(got["b"]), ref[30 * SPF : at["b"] * SPF]) <= 1e-9
+    _ragged_pair_is_exact(cl, codes, ref)
 
 
 def test_back_context_is_exactly_enough(small64):

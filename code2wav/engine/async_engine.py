@@ -215,7 +215,10 @@ class AsyncEngine:
                 return
             if self._zeroing_queued:
                 self._zeroing_queued = False
-                self.core.zero_released()
+                try:
+                    self.core.zero_released()
+                except Exception:  # a device failure: the next admission zeroes them (or fails its rows)
+                    pass
             if self.batch_wait_s > 0:
                 time.sleep(self.batch_wait_s)
             # Each entry leaves as its row is handed over.
