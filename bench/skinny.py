@@ -10,33 +10,12 @@ import torch
 import torch.nn.functional as F
 
 from code2wav.kernels import skinny
+from gpu_timing import timed_in_graph as timed  # bench/ is the script's directory, first on sys.path
 
 # (rows, K, N): the transformer's q/k/v, o, gate/up, down and its in/out projections, the
 # upsamplers' ConvNeXt MLPs (rows: 1-frame step at rates 2 and 4) and their ConvTranspose.
 SHAPES = [(1, 512, 3072), (1, 1024, 512), (1, 512, 2048), (1, 1024, 512), (1, 1024, 512), (1, 512, 1024),
           (2, 1024, 4096), (2, 4096, 1024), (4, 1024, 4096), (4, 4096, 1024), (1, 1024, 2048), (4, 512, 3072)]
-
-
-def timed(fn, reps: int = 50) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        g.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / (10 * reps)
 
 
 def main() -> int:

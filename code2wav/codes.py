@@ -28,7 +28,7 @@ def as_frames(
     if isinstance(codes, Tensor):
         if codes.dtype.is_floating_point or codes.dtype == torch.bool or codes.is_complex():
             raise CodesError("bad_dtype", f"{what}: codes must be integers, got {codes.dtype}")
-        arr = (codes if codes.device.type == "cpu" and not codes.requires_grad else codes.detach().cpu()).numpy()
+        arr = (codes if codes.device.type == "cpu" else codes.cpu()).numpy()  # integers: never requires_grad
     else:
         try:
             arr = np.asarray(codes)
@@ -54,8 +54,6 @@ def as_frames(
             if lo < 0 or hi >= codebook_size:
                 bad = lo if lo < 0 else hi
                 raise CodesError("out_of_range", f"{what}: code {bad} outside [0, {codebook_size})")
-    if isinstance(codes, Tensor) and codes.dtype == torch.int64 and codes.device.type == "cpu" and codes.is_contiguous():
-        return codes.detach()  # already the layout asked for: no copy (callers do not write to it)
     return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.int64))
 
 

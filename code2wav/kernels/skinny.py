@@ -97,6 +97,8 @@ def matmul_t(x: Tensor, w: Tensor, bias: Tensor | None = None, out: Tensor | Non
 def linear(x: Tensor, w: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear`` over the last dim of ``x`` [..., K], through :func:`matmul_t` when the
     leading dims hold at most ``MAX_ROWS`` rows."""
+    if x.numel() > MAX_ROWS * x.shape[-1]:  # a large step: no reshape or checks on its way to cuBLAS
+        return torch.nn.functional.linear(x, w, bias)
     rows = x.reshape(-1, x.shape[-1])  # a view for the rows these layers see
     if not applies(rows, w):
         return torch.nn.functional.linear(x, w, bias)
