@@ -236,7 +236,7 @@ def test_streaming_steps_through_the_kernels_equal_eager(monkeypatch, layout):
         engine.open("cold")
         outs = []
         for a, b in schedule:
-            step = engine.step({"prefixed": codes[13 + a : 13 + b], "cold": codes[2 * a : 2 * a + 2]})
+            step = engine.decode({"prefixed": codes[13 + a : 13 + b], "cold": codes[2 * a : 2 * a + 2]})
             outs += [step["prefixed"], step["cold"]]
         return outs, engine.pool.buffers
 
@@ -457,7 +457,7 @@ def test_unit_tail_tiles_fill_the_gpu_in_small_steps(monkeypatch):
     """A residual unit's fused tail takes 128 rows per program (64 at 192+ channels, where the
     accumulator would grow past 16k elements), and fewer, down to 16, where that would leave SMs
     of the GPU idle: a 1-frame step's 640 rows of 192 channels on 132 SMs run as 40 programs of
-    16, not 10 of 64. ``FILL_SMS = False`` keeps the fixed tiles."""
+    16, not 10 of 64. ``fill_sms=False`` (``LayerChoices.unit_fill_sms``) keeps the fixed tiles."""
     monkeypatch.setattr(unit, "ACC_ELEMENTS", 128 * 128)
     assert unit.rows_per_program(16 * 25 * 640, 256, 132) == 64
     assert unit.rows_per_program(16 * 25 * 1920, 128, 132) == 128
@@ -465,8 +465,7 @@ def test_unit_tail_tiles_fill_the_gpu_in_small_steps(monkeypatch):
     assert unit.rows_per_program(1920, 128, 132) == 16
     assert unit.rows_per_program(5 * 1920, 128, 132) == 128  # 73 rows per SM: the next power of two
     assert unit.rows_per_program(10, 128, 132) == 16
-    monkeypatch.setattr(unit, "FILL_SMS", False)
-    assert unit.rows_per_program(640, 256, 132) == 64 and unit.rows_per_program(1920, 128, 132) == 128
+    assert unit.rows_per_program(640, 256, 132, fill_sms=False) == 64 and unit.rows_per_program(1920, 128, 132, fill_sms=False) == 128
 
 
 @pytest.mark.parametrize("rows,k,n", [(1, 300, 70), (3, 64, 129), (4, 1000, 8), (2, 5, 300)])

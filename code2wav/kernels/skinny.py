@@ -6,13 +6,10 @@ time on an H200, but cuBLAS's GEMV and split-K kernels read at 1-2 TB/s (~3-5 us
 each program reduces a few output columns over the whole K for every row (the rows share each
 weight tile loaded), with enough programs to keep the SMs' loads in flight. Products are plain
 float32 FMAs (no TF32 rounding of the inputs): at least as exact as the GEMMs they replace.
-Measured on an H200 (BENCHMARKS.md, session 9): a small step's 12 product shapes 59.6 vs 68.2 us
-(``bench/skinny.py``; faster at one row, slower at 2-4 rows x 1024 -> 4096), the 1-frame step's
-graph 0.77 -> 0.75 ms."""
+It wins at one row and loses at a few rows of the widest products (``bench/skinny.py``; figures in
+BENCHMARKS.md). ``LayerChoices.skinny`` (``enabled`` here) turns it off per model."""
 
 from __future__ import annotations
-
-import os
 
 import torch
 from torch import Tensor
@@ -24,9 +21,6 @@ MAX_ROWS = 4  # more rows than this: cuBLAS (the weight tile is then worth a ten
 MIN_WEIGHT = 1 << 18  # smaller weights (elements) stay with cuBLAS: launch-bound either way
 TILE = 4096  # weight elements per program per K step (32 fp32 registers a thread at 4 warps)
 PROGRAMS = 256  # aim: about two programs per SM on an H200 (132 SMs)
-# False (or CODE2WAV_SKINNY=0 in the environment): every product through cuBLAS (the A/B:
-# bench/profile_step.py "-skinny=0", bench/skinny.py).
-ENABLED = os.environ.get("CODE2WAV_SKINNY", "1") != "0"
 
 if triton is not None:
     import triton.language as tl
@@ -55,10 +49,10 @@ if triton is not None:
         tl.store(out, acc, mask=om)
 
 
-def applies(x: Tensor, w: Tensor) -> bool:
+def applies(x: Tensor, w: Tensor, enabled: bool = True) -> bool:
     """Float32 where the Triton kernels run (``snake.fused``: CUDA), at most ``MAX_ROWS`` rows,
-    a weight worth it."""
-    return (ENABLED and snake.fused(x) and x.dtype == w.dtype == torch.float32
+    a weight worth it; never unless ``enabled``."""
+    return (enabled and snake.fused(x) and x.dtype == w.dtype == torch.float32
             and x.dim() == 2 and x.shape[0] <= MAX_ROWS and w.numel() >= MIN_WEIGHT)
 
 
@@ -72,11 +66,12 @@ def tiles(n: int, k: int) -> tuple[int, int]:
     return bn, bk
 
 
-def matmul_t(x: Tensor, w: Tensor, bias: Tensor | None = None, out: Tensor | None = None, accumulate: bool = False) -> Tensor:
+def matmul_t(x: Tensor, w: Tensor, bias: Tensor | None = None, out: Tensor | None = None, accumulate: bool = False,
+             enabled: bool = True) -> Tensor:
     """``x @ w.T (+ bias)`` for ``x`` [M, K] and ``w`` [N, K] (any strides), into ``out`` [M, N]
-    if given (``accumulate``: ``out += ...``). Through the kernel where ``applies(x, w)``, else
-    ``torch.addmm`` / ``matmul``."""
-    if not applies(x, w):
+    if given (``accumulate``: ``out += ...``). Through the kernel where ``applies(x, w, enabled)``,
+    else ``torch.addmm`` / ``matmul``."""
+    if not applies(x, w, enabled):
         if out is None:
             return x @ w.t() if bias is None else torch.addmm(bias, x, w.t())
         if accumulate:
@@ -94,12 +89,12 @@ def matmul_t(x: Tensor, w: Tensor, bias: Tensor | None = None, out: Tensor | Non
     return out
 
 
-def linear(x: Tensor, w: Tensor, bias: Tensor | None = None) -> Tensor:
+def linear(x: Tensor, w: Tensor, bias: Tensor | None = None, enabled: bool = True) -> Tensor:
     """``F.linear`` over the last dim of ``x`` [..., K], through :func:`matmul_t` when the
     leading dims hold at most ``MAX_ROWS`` rows."""
     if x.numel() > MAX_ROWS * x.shape[-1]:  # a large step: no reshape or checks on its way to cuBLAS
         return torch.nn.functional.linear(x, w, bias)
     rows = x.reshape(-1, x.shape[-1])  # a view for the rows these layers see
-    if not applies(rows, w):
+    if not applies(rows, w, enabled):
         return torch.nn.functional.linear(x, w, bias)
-    return matmul_t(rows, w, bias).view(*x.shape[:-1], w.shape[0])
+    return matmul_t(rows, w, bias, enabled=enabled).view(*x.shape[:-1], w.shape[0])

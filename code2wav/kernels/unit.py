@@ -26,10 +26,6 @@ NUM_WARPS, NUM_STAGES = 4, 4
 MIN_K = 16  # the GEMM's input-channel slice: 32, or 16 for channel counts it does not divide
 MAX_C = 256  # all output channels in one tile, so SnakeBeta runs once per input element; wider
 #              units (384, 768 channels: 1/5 of the elements) keep the separate ops
-# Small steps (a 1-frame step: 640 or 1920 rows) take fewer rows per program, down to 16, so
-# that there are about as many programs as SMs: 128-row tiles made 5-15 programs there, each
-# one long K loop on one SM. (False: the fixed tiles; the A/B, bench/profile_step.py "-unitfill=0".)
-FILL_SMS = True
 
 if triton is not None:
     import triton.language as tl
@@ -69,10 +65,12 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
-def rows_per_program(rows: int, block_n: int, sms: int) -> int:
+def rows_per_program(rows: int, block_n: int, sms: int, fill_sms: bool = True) -> int:
     """A program's rows: 128, fewer where the fp32 accumulator would pass ``ACC_ELEMENTS``, and,
-    with ``FILL_SMS``, fewer (down to 16, ``tl.dot``'s least) while that leaves SMs idle."""
-    fill = max(16, 1 << (max(1, -(-rows // sms)) - 1).bit_length()) if FILL_SMS else 128
+    with ``fill_sms`` (``LayerChoices.unit_fill_sms``), fewer (down to 16, ``tl.dot``'s least)
+    while that leaves SMs idle: small steps (a 1-frame step's few hundred rows) would otherwise
+    make a handful of programs, each one long K loop on one SM."""
+    fill = max(16, 1 << (max(1, -(-rows // sms)) - 1).bit_length()) if fill_sms else 128
     return min(128, ACC_ELEMENTS // block_n, fill)
 
 
@@ -87,7 +85,8 @@ def applies(x: Tensor, h: Tensor) -> bool:
 
 
 def unit_tail(h: Tensor, x: Tensor, w2: Tensor, b1: Tensor, alpha: Tensor, beta: Tensor, b2: Tensor,
-              block_m: int | None = None, num_warps: int | None = None, num_stages: int | None = None) -> Tensor:
+              block_m: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
+              fill_sms: bool = True) -> Tensor:
     """``x + b2 + conv1x1(snake(h + b1), w2)`` over channels-last ``[B, C, L]`` (see ``applies``;
     the batch strides may exceed ``L * C``);
     ``w2`` is the 1x1 conv's ``[C, C, 1]`` weight. Returns a new channels-last tensor. The tile
@@ -96,7 +95,7 @@ def unit_tail(h: Tensor, x: Tensor, w2: Tensor, b1: Tensor, alpha: Tensor, beta:
     M = B * L
     y = torch.empty(B, L, C, device=x.device, dtype=x.dtype).transpose(1, 2)
     block_n = triton.next_power_of_2(C)
-    block_m = block_m or rows_per_program(M, block_n, _sm_count(x.device))
+    block_m = block_m or rows_per_program(M, block_n, _sm_count(x.device), fill_sms)
     _unit_tail_kernel[(triton.cdiv(M, block_m),)](
         h, x, w2, y, b1, alpha, beta, b2, M, L, h.stride(0), x.stride(0), w2.stride(0), w2.stride(1),
         C=C, FAST_SIN=fast_sin(x), NUM_STAGES=num_stages or NUM_STAGES,

@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+DTYPES: tuple[str, ...] = ("float32", "float64", "bfloat16", "float16")  # torch dtypes a decoder runs in, by name
+
 
 @dataclass(frozen=True)
 class DecoderConfig:

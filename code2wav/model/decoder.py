@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from code2wav.kernels.snake import to_layout
+from code2wav.model.choices import DEFAULT_CHOICES, LayerChoices
 from code2wav.model.config import DecoderConfig
 from code2wav.model.layers import CausalConv1d, CausalConvTranspose1d, ConvNeXtBlock, DecoderBlock, SnakeBeta, channels_last_
 from code2wav.model.streaming import Step, StreamingLayer, assign_state_keys, state_shapes
@@ -113,7 +114,17 @@ class Decoder(nn.Module):
         decoder += [SnakeBeta(out_dim), CausalConv1d(out_dim, 1, 7, rate=rate)]
         self.decoder = nn.ModuleList(decoder)
         self.is_channels_last = False  # activation layout of the conv stack, see channels_last()
+        self.layer_choices = DEFAULT_CHOICES
         assign_state_keys(self)
+
+    def set_layer_choices(self, choices: LayerChoices) -> "Decoder":
+        """Which kernel or layer form each layer runs (``model/choices.py``): set on every layer
+        that has a choice, so the choice belongs to this model, not to the process."""
+        self.layer_choices = choices
+        for m in self.modules():
+            if hasattr(m, "choices"):
+                m.choices = choices
+        return self
 
     # -- streaming metadata ---------------------------------------------------------------------
 
@@ -147,7 +158,7 @@ class Decoder(nn.Module):
 
     def low_rate_modules(self) -> tuple[nn.Module, ...]:
         """The stages before the conv stack: dequantizer, pre_conv, transformer, upsampling (at most
-        4 samples per frame, 3.6 % of the FLOPs: ``bench/bf16_stages.py --frames 25``)."""
+        4 samples per frame, a few percent of the FLOPs: ``bench/bf16_stages.py --frames 25``)."""
         return (self.quantizer, self.pre_conv, self.pre_transformer, self.upsample)
 
     def to_dtypes(self, dtype: torch.dtype, device: torch.device | str | None = None,
@@ -158,8 +169,8 @@ class Decoder(nn.Module):
         other's dtype: call it on the loaded weights.
 
         Why float32 below the conv stack: on random weights of this architecture, running the
-        low-rate stages in float32 raised the bf16 decoder's SNR vs float64 from 26.4 to 30.2 dB
-        (CPU, ``bench/bf16_stages.py``; 31.5 dB on an H200); the state pool stays in
+        low-rate stages in float32 raises the bf16 decoder's SNR vs float64 by several dB
+        (``bench/bf16_stages.py``; figures in BENCHMARKS.md) at a few percent of the FLOPs; the state pool stays in
         ``dtype`` (attention keys and values are most of it), and attention runs in it. On CUDA
         their matmuls and convs run in TF32 (see ``low_rate_precision``)."""
         half = dtype in (torch.bfloat16, torch.float16)
@@ -185,9 +196,9 @@ class Decoder(nn.Module):
 
     def low_rate_precision(self) -> contextlib.AbstractContextManager:
         """TF32 (10-bit mantissa inputs, float32 accumulation and range) for the low-rate stages'
-        matmuls and convs while they run in float32 under a half-precision conv stack: float32
-        GEMMs would cost ~1 ms per 400-frame step on an H200; TF32's rounding is fp16-sized,
-        far under the conv stack's own bf16 error. Plain float32 (exact) models are untouched."""
+        matmuls and convs while they run in float32 under a half-precision conv stack: IEEE
+        float32 GEMMs are far slower on tensor-core GPUs, and TF32's rounding is fp16-sized, far
+        under the conv stack's own bf16 error. Plain float32 (exact) models are untouched."""
         if self.low_rate_dtype != torch.float32 or self.dtype == torch.float32 or not self.pre_conv.conv.weight.is_cuda:
             return contextlib.nullcontext()
         return _tf32()

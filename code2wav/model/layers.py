@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from code2wav.kernels import skinny, unit
 from code2wav.kernels.mono_conv import mono_conv
 from code2wav.kernels.snake import bias_add, is_channels_last, residual_add, snake_beta, to_layout
+from code2wav.model.choices import DEFAULT_CHOICES, LayerChoices
 from code2wav.model.streaming import Step, StreamingLayer
 
 
@@ -25,25 +26,16 @@ def channels_last_(conv: nn.Module) -> None:
 class CausalConv1d(StreamingLayer):
     """Conv1d with ``(k-1)*d`` samples of left context and none on the right (stride 1).
 
-    A full (``groups == 1``) conv runs *folded*: sample ``t = i*d + j`` of the input (history
-    included, zero-padded to a multiple of ``d``) sits at ``[i, j]`` of a ``[B, C, T/d, d]``
-    view, in either layout a view with no copy, where the dilated conv is an undilated
-    ``(k, 1)`` conv. cuDNN's kernels for that form took 0.55-0.7x the time of the dilated
-    ``(1, k)`` form at d = 3, 9 on an H200 (bench/conv_forms.py). Outputs read no padding before
-    sample ``L``; the ones past it are dropped (a view: rows stay ``C`` channels, the batch
-    stride keeps the padding). Measured on whole steps (bench/profile_step.py): folding the d = 1
-    convs too gained nothing at 16 x 25 frames, and a one-row step folded ran slower (cuDNN added
-    layout conversions: 1 x 1 frame 1.02 vs 0.87 ms), so by default only dilated convs fold, and
-    only in steps of two rows or more.
+    A full (``groups == 1``) conv may run *folded* (``LayerChoices.conv_fold``): sample
+    ``t = i*d + j`` of the input (history included, zero-padded to a multiple of ``d``) sits at
+    ``[i, j]`` of a ``[B, C, T/d, d]`` view, in either layout a view with no copy, where the
+    dilated conv is an undilated ``(k, 1)`` conv, a form cuDNN has faster kernels for
+    (bench/conv_forms.py). Outputs read no padding before sample ``L``; the ones past it are
+    dropped (a view: rows stay ``C`` channels, the batch stride keeps the padding). A small full
+    conv may run as one GEMM over its im2col rows instead (``LayerChoices.conv_gemm_rows``).
     """
 
-    fold = "dilated"  # which full convs run folded: "dilated" (d > 1, rows > 1), "all", "none"
-    # Full convs whose output has at most this many samples (batch rows x time) run as one GEMM
-    # over their im2col rows (0: never). The small steps' big convs (a 1-frame step's first k=7
-    # convs: 4 or 32 output samples at 1536 / 768 channels) are weight reads with a tiny M, where
-    # cuDNN's implicit-GEMM tiles leave most of the GPU idle; cuBLAS splits K (the A/B:
-    # bench/profile_step.py "-gemmrows=0").
-    gemm_rows = 64
+    choices: LayerChoices = DEFAULT_CHOICES  # Decoder.set_layer_choices sets the model's
 
     def __init__(self, c_in: int, c_out: int, kernel: int, dilation: int = 1, groups: int = 1, rate: int = 1):
         super().__init__()
@@ -65,11 +57,11 @@ class CausalConv1d(StreamingLayer):
         d, L = self.conv.dilation[0], x.shape[-1]
         mono = self.conv.out_channels == 1 and add_bias  # the output conv: cuDNN is slow for one channel
         folded = (not mono and self.conv.groups == 1 and self.history > 0
-                  and (self.fold == "all" or (self.fold == "dilated" and d > 1 and len(x) > 1)))
+                  and (self.choices.conv_fold == "all" or (self.choices.conv_fold == "dilated" and d > 1 and len(x) > 1)))
         xx = self._with_history(x, step, act, act_bias, multiple=d if folded else 1)
         if mono:
             return mono_conv(xx, self.conv.weight, bias, d)
-        if (not folded and self.conv.groups == 1 and len(x) * L <= self.gemm_rows
+        if (not folded and self.conv.groups == 1 and len(x) * L <= self.choices.conv_gemm_rows
                 and is_channels_last(xx) and is_channels_last(self.conv.weight)):
             return self._as_gemm(xx, bias, L)
         # As 2-D convs: torch's conv1d picks its memory format from the 3-D tensors (always
@@ -89,7 +81,7 @@ class CausalConv1d(StreamingLayer):
         k, d, c_out = self.conv.kernel_size[0], self.conv.dilation[0], self.conv.out_channels
         cols = xx.as_strided((B, L, k, C), (xx.stride(0), C, d * C, 1)).reshape(B * L, k * C)
         w = self.conv.weight.permute(0, 2, 1).reshape(c_out, k * C)
-        return skinny.matmul_t(cols, w, bias).view(B, L, c_out).transpose(1, 2)
+        return skinny.matmul_t(cols, w, bias, enabled=self.choices.skinny).view(B, L, c_out).transpose(1, 2)
 
 
 class CausalConvTranspose1d(StreamingLayer):
@@ -98,15 +90,15 @@ class CausalConvTranspose1d(StreamingLayer):
     Output block ``n`` (``s`` samples) sees inputs ``n`` and ``n-1`` only, so one previous input
     sample is all the history it needs; a zero history adds nothing, like the plain forward.
 
-    With ``as_gemm`` (channels-last input) the layer runs as matrix products instead of cuDNN's
-    transposed conv: block ``n`` is ``x[n] @ W_now + x[n-1] @ W_prev + bias``, where ``W_now`` and
-    ``W_prev`` are the first and last ``s`` taps of the weight as ``[c_in, s * c_out]`` matrices
-    (views of a channels-last weight), and ``[n, s * c_out]`` rows are ``[n * s, c_out]`` samples,
-    channels-last, with no copy. cuDNN's transposed-conv kernels took ~20-26 us each in a 1-frame
-    step on an H200; as GEMMs every graph replay got faster (1x1 0.94 -> 0.88 ms, 20x25 8.58 ->
-    8.34 ms) and the graph pool smaller (844 -> 764 MiB): BENCHMARKS.md, session 8."""
+    With ``LayerChoices.convt_gemm`` (channels-last input) the layer runs as matrix products
+    instead of cuDNN's transposed conv: block ``n`` is ``x[n] @ W_now + x[n-1] @ W_prev + bias``,
+    where ``W_now`` and ``W_prev`` are the first and last ``s`` taps of the weight as
+    ``[c_in, s * c_out]`` matrices (views of a channels-last weight), and ``[n, s * c_out]`` rows
+    are ``[n * s, c_out]`` samples, channels-last, with no copy. cuDNN's transposed-conv kernels
+    carry a fixed cost per call that dominates small steps; the GEMMs also need less graph
+    memory."""
 
-    as_gemm = True  # False: cuDNN's transposed conv (the A/B: bench/profile_step.py "-convt=cudnn")
+    choices: LayerChoices = DEFAULT_CHOICES
 
     def __init__(self, c_in: int, c_out: int, kernel: int, stride: int, rate: int = 1):
         super().__init__()
@@ -131,7 +123,7 @@ class CausalConvTranspose1d(StreamingLayer):
         n = x.shape[-1] * self.stride
         start = self.stride if self.history else 0  # the history's own output block is dropped
         x = self._with_history(x, step, act)
-        if self.as_gemm and self.bias_rows is not None and is_channels_last(x) and self.conv.kernel_size[0] in (self.stride, 2 * self.stride):
+        if self.choices.convt_gemm and self.bias_rows is not None and is_channels_last(x) and self.conv.kernel_size[0] in (self.stride, 2 * self.stride):
             return self._as_gemm(x)
         y = F.conv_transpose2d(x.unsqueeze(2), self.conv.weight.unsqueeze(2), None, stride=(1, self.stride)).squeeze(2)
         # Adding the bias to the trimmed view is also the copy that makes it dense (same layout).
@@ -150,11 +142,12 @@ class CausalConvTranspose1d(StreamingLayer):
         rows = rows.reshape(B * T, C)
         w = self.conv.weight.permute(0, 2, 1).reshape(C, -1)  # [c_in, k * c_out]: a view when channels-last
         if not self.history:  # k == s: each input sample makes one output block alone
-            y = skinny.matmul_t(rows, w.t(), self.bias_rows)
+            y = skinny.matmul_t(rows, w.t(), self.bias_rows, enabled=self.choices.skinny)
             return y.view(B, T * s, c_out).transpose(1, 2)
         y = torch.empty(B * T, s * c_out, device=xx.device, dtype=xx.dtype)
-        skinny.matmul_t(rows[:-1], w[:, s * c_out :].t(), self.bias_rows, out=y[1:])  # previous sample, last s taps
-        skinny.matmul_t(rows[1:], w[:, : s * c_out].t(), out=y[1:], accumulate=True)  # this sample, first s taps
+        on = self.choices.skinny
+        skinny.matmul_t(rows[:-1], w[:, s * c_out :].t(), self.bias_rows, out=y[1:], enabled=on)  # previous sample, last s taps
+        skinny.matmul_t(rows[1:], w[:, : s * c_out].t(), out=y[1:], accumulate=True, enabled=on)  # this sample, first s taps
         # Row 0 of each batch row is the history's block (row 0 overall was never written).
         return y.view(B, T, s * c_out)[:, 1:].reshape(B, (T - 1) * s, c_out).transpose(1, 2)
 
@@ -175,6 +168,8 @@ class SnakeBeta(nn.Module):
 class ConvNeXtBlock(nn.Module):
     """Causal depthwise conv k=7, channel LayerNorm (fp32), MLP x4 with exact GELU, gamma, residual."""
 
+    choices: LayerChoices = DEFAULT_CHOICES
+
     def __init__(self, dim: int, rate: int):
         super().__init__()
         self.dwconv = CausalConv1d(dim, dim, 7, groups=dim, rate=rate)
@@ -187,11 +182,15 @@ class ConvNeXtBlock(nn.Module):
         h = self.dwconv(x, step).transpose(1, 2)
         # layer_norm accumulates half/bf16 inputs in fp32 internally (and fp64 in fp64).
         h = F.layer_norm(h, (h.shape[-1],), self.norm.weight, self.norm.bias, self.norm.eps)
-        h = skinny.linear(F.gelu(skinny.linear(h, self.pwconv1.weight, self.pwconv1.bias)), self.pwconv2.weight, self.pwconv2.bias)
+        on = self.choices.skinny
+        h = skinny.linear(F.gelu(skinny.linear(h, self.pwconv1.weight, self.pwconv1.bias, enabled=on)), self.pwconv2.weight,
+                          self.pwconv2.bias, enabled=on)
         return x + (self.gamma * h).transpose(1, 2)
 
 
 class ResidualUnit(nn.Module):
+    choices: LayerChoices = DEFAULT_CHOICES
+
     def __init__(self, dim: int, dilation: int, rate: int):
         super().__init__()
         self.act1 = SnakeBeta(dim)
@@ -202,7 +201,8 @@ class ResidualUnit(nn.Module):
     def forward(self, x: Tensor, step: Step | None = None) -> Tensor:
         h = self.conv1(x, step, add_bias=False, act=self.act1)
         if unit.applies(x, h):  # conv1's bias, act2, conv2 and the residual in one pass (conv2 has no state)
-            return unit.unit_tail(h, x, self.conv2.conv.weight, self.conv1.conv.bias, self.act2.alpha, self.act2.beta, self.conv2.conv.bias)
+            return unit.unit_tail(h, x, self.conv2.conv.weight, self.conv1.conv.bias, self.act2.alpha, self.act2.beta, self.conv2.conv.bias,
+                                  fill_sms=self.choices.unit_fill_sms)
         h = self.act2(h, bias=self.conv1.conv.bias)
         return residual_add(x, self.conv2(h, step, add_bias=False), self.conv2.conv.bias)
 

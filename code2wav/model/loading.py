@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from code2wav.model.choices import LayerChoices
 from code2wav.model.config import DecoderConfig
 from code2wav.model.decoder import Decoder
 
@@ -105,11 +106,13 @@ def load_decoder(
     dtype: torch.dtype = torch.float32,
     channels_last: bool = True,
     low_rate_dtype: torch.dtype | None = None,
+    layers: LayerChoices | None = None,
 ) -> Decoder:
     """Load the decoder, fold its codebooks and move it to ``device``/``dtype`` in eval mode
     (the stages before the conv stack in ``low_rate_dtype``: see ``Decoder.to_dtypes``).
-    ``channels_last`` (CUDA only; default) runs the conv stack in [B, L, C] memory layout: on an
-    H200 in bf16 it made a 16 x 25-frame step 26 % shorter than the contiguous layout."""
+    ``channels_last`` (CUDA only; default) runs the conv stack in [B, L, C] memory layout, which
+    cuDNN's NHWC kernels and the Triton kernels run fastest on (BENCHMARKS.md). ``layers``: which
+    kernel or layer forms the model runs (``model/choices.py``; default ``LayerChoices()``)."""
     from safetensors import safe_open
 
     ckpt = resolve_checkpoint(spec)
@@ -142,6 +145,8 @@ def load_decoder(
     # The stored weights as they are; to_dtypes folds in float64 and casts once to each dtype.
     model.load_state_dict(tensors, strict=True, assign=True)
     model.to_dtypes(dtype, device, low_rate_dtype)
+    if layers is not None:
+        model.set_layer_choices(layers)
     if torch.device(device).type == "cuda":
         configure_cuda(dtype)
         if channels_last:

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from code2wav.kernels import skinny, snake
 from code2wav.kernels.history import window
 from code2wav.kernels.transformer import add_rms_norm, rms_norm, rms_norm_eager, rope_kv_cat, rotate_eager, silu_mul
+from code2wav.model.choices import DEFAULT_CHOICES, LayerChoices
 from code2wav.model.config import DecoderConfig
 from code2wav.model.streaming import Step, StreamingLayer
 
@@ -112,11 +113,11 @@ class Attention(StreamingLayer):
         out = F.scaled_dot_product_attention(q.to(ad), k.to(ad), v.to(ad), attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim))
         return self.o_proj(out.to(x.dtype).transpose(1, 2).reshape(B, T, -1))
 
-    def forward_fused(self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, step: Step | None) -> Tensor:
+    def forward_fused(self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, step: Step | None, skinny_on: bool = True) -> Tensor:
         """:meth:`forward` after :meth:`fuse`: one GEMM, then RoPE, the history concat and the
-        history write in one kernel."""
+        history write in one kernel (``skinny_on``: ``LayerChoices.skinny``)."""
         B, T, _ = x.shape
-        qkv = skinny.linear(x, self.qkv_weight)
+        qkv = skinny.linear(x, self.qkv_weight, enabled=skinny_on)
         if step is None:
             q, k, v = rope_kv_cat(qkv, self.n_heads, self.n_kv, *rope, out_dtype=self.attention_dtype)
         else:
@@ -126,7 +127,7 @@ class Attention(StreamingLayer):
             k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
             v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim))
-        return skinny.linear(out.to(x.dtype).transpose(1, 2).reshape(B, T, -1), self.o_proj.weight)
+        return skinny.linear(out.to(x.dtype).transpose(1, 2).reshape(B, T, -1), self.o_proj.weight, enabled=skinny_on)
 
 
 class MLP(nn.Module):
@@ -144,8 +145,8 @@ class MLP(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
-    def forward_fused(self, x: Tensor) -> Tensor:
-        return skinny.linear(silu_mul(skinny.linear(x, self.gate_up_weight)), self.down_proj.weight)
+    def forward_fused(self, x: Tensor, skinny_on: bool = True) -> Tensor:
+        return skinny.linear(silu_mul(skinny.linear(x, self.gate_up_weight, enabled=skinny_on)), self.down_proj.weight, enabled=skinny_on)
 
 
 class TransformerLayer(nn.Module):
@@ -164,6 +165,8 @@ class TransformerLayer(nn.Module):
 
 
 class Transformer(nn.Module):
+    choices: LayerChoices = DEFAULT_CHOICES  # Decoder.set_layer_choices sets the model's
+
     def __init__(self, cfg: DecoderConfig):
         super().__init__()
         self.input_proj = nn.Linear(cfg.latent_dim, cfg.hidden_size)
@@ -184,8 +187,8 @@ class Transformer(nn.Module):
     def attend_in(self, dtype: torch.dtype | None) -> Transformer:
         """Run attention (SDPA) in ``dtype`` whatever the layers' dtype (None: theirs). A half
         model's float32 transformer attends in the half dtype its keys and values are stored in:
-        on an H200 the float32 attention kernel took 126 us of a 1-frame step against 38 us for
-        bf16's, at no measurable SNR cost (CPU: 30.07 vs 30.10 dB)."""
+        the float32 attention kernel is several times slower, for no measurable SNR gain
+        (BENCHMARKS.md)."""
         for layer in self.layers:
             layer.self_attn.attention_dtype = dtype
         return self
@@ -212,17 +215,18 @@ class Transformer(nn.Module):
     def _forward_fused(self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, step: Step | None) -> Tensor:
         """The layers' math regrouped so each residual add + layer scale shares a kernel with the
         RMSNorm that follows it (the next layer's input norm, or the final norm)."""
-        h = skinny.linear(x, self.input_proj.weight, self.input_proj.bias)
+        on = self.choices.skinny
+        h = skinny.linear(x, self.input_proj.weight, self.input_proj.bias, enabled=on)
         bias = _additive_mask(mask, self.layers[0].self_attn.attention_dtype or h.dtype)
         layers = list(self.layers)
         n = rms_norm(h, layers[0].input_layernorm.weight, layers[0].input_layernorm.eps)
         for i, layer in enumerate(layers):
-            a = layer.self_attn.forward_fused(n, rope, bias, step)
+            a = layer.self_attn.forward_fused(n, rope, bias, step, on)
             post = layer.post_attention_layernorm
             h, n = add_rms_norm(h, a, layer.self_attn_layer_scale.scale, post.weight, post.eps)
             nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.norm
-            h, n = add_rms_norm(h, layer.mlp.forward_fused(n), layer.mlp_layer_scale.scale, nxt.weight, nxt.eps)
-        return skinny.linear(n, self.output_proj.weight, self.output_proj.bias)
+            h, n = add_rms_norm(h, layer.mlp.forward_fused(n, on), layer.mlp_layer_scale.scale, nxt.weight, nxt.eps)
+        return skinny.linear(n, self.output_proj.weight, self.output_proj.bias, enabled=on)
 
 
 def _additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:

@@ -1,0 +1,46 @@
+"""Which kernel or layer form runs where several compute the same values.
+
+Every choice here changes speed, never the maths: each form is checked against the others (and
+the float64 forward) in the tests, so flipping one is an A/B, not a different model. They belong
+to a model (``Decoder.set_layer_choices``, ``load_decoder(..., layers=...)``), not to the process,
+so two engines in one process may differ. The A/B of any field on a GPU:
+``bash bench/gpu.sh ab layers.FIELD=VALUE``; figures live in BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Fold = Literal["dilated", "all", "none"]
+FOLDS: tuple[str, ...] = ("dilated", "all", "none")
+
+
+@dataclass(frozen=True)
+class LayerChoices:
+    # Which full convs run folded (a dilated conv as an undilated (k, 1) conv over a free
+    # [B, C, T/d, d] view): "dilated" (d > 1, in steps of two rows or more), "all", "none".
+    # One-row steps stay unfolded: cuDNN added layout conversions there (CausalConv1d).
+    conv_fold: Fold = "dilated"
+    # Full convs whose output has at most this many samples (rows x time) run as one GEMM over
+    # their im2col rows (0: never): small steps' big convs are weight reads with a tiny M, where
+    # cuDNN's implicit-GEMM tiles leave most SMs idle and cuBLAS splits K.
+    conv_gemm_rows: int = 64
+    # ConvTranspose upsamplers as one or two GEMMs over channels-last rows instead of cuDNN's
+    # transposed conv (each output block is x[n] @ W_now + x[n-1] @ W_prev + bias).
+    convt_gemm: bool = True
+    # The residual units' fused tails (kernels/unit.py) take fewer rows per program in small
+    # steps, until there are about as many programs as SMs (False: fixed 128-row tiles).
+    unit_fill_sms: bool = True
+    # Few-row float32 products (the low-rate stages of small steps) through the Triton
+    # GEMV-style kernel (kernels/skinny.py) instead of cuBLAS.
+    skinny: bool = True
+
+    def __post_init__(self) -> None:
+        if self.conv_fold not in FOLDS:
+            raise ValueError(f"conv_fold must be one of {FOLDS}, got {self.conv_fold!r}")
+        if self.conv_gemm_rows < 0:
+            raise ValueError(f"conv_gemm_rows must be >= 0, got {self.conv_gemm_rows}")
+
+
+DEFAULT_CHOICES = LayerChoices()
