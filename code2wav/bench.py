@@ -17,78 +17,36 @@ import argparse
 import asyncio
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from code2wav.engine.async_engine import AsyncEngine
+from code2wav.engine.build import EngineConfig, build_engine
 from code2wav.engine.graphs import default_batch_frames, use_expandable_segments
 from code2wav.model.decoder import Decoder
+from code2wav.options import DTYPES, CliError, add_low_rate_dtype, add_set, chunk_schedule, engine_config, parse_ints
+from code2wav.report import Result, plot, table
 from code2wav.stream.engine import StreamEngine
+from code2wav.stream.lifecycle import Lifecycle
 
 ALL_MODES = ("exact-graph", "exact-eager", "windowed", "full")
-
-
-@dataclass
-class Result:
-    mode: str
-    concurrency: int
-    prefix_frames: int
-    streams: int
-    audio_s: float
-    wall_s: float
-    throughput_x: float
-    step_p50_ms: float
-    step_p99_ms: float
-    ttfp_p50_ms: float
-    ttfp_p99_ms: float
-    chunk_p50_ms: float  # every chunk: push -> its audio (what a listener's buffer must cover)
-    chunk_p99_ms: float
-    steps: int
-    mem_weights_mb: float
-    mem_state_pool_mb: float
-    mem_graph_pool_mb: float
-    mem_peak_mb: float
-    graph_hits: int
-    graph_fallbacks: int
-    sustained_s: float = 0.0  # >0: workers opened streams back to back; a window this long was measured
-    pace: float = 0.0  # >0: talkers at this x real time; stall figures are the listeners'
-    stalled_pct: float = float("nan")  # streams whose playback the decoder stalled (> 1 ms in all)
-    stall_p99_ms: float = float("nan")  # per stream, playback stall the decoder added
-    padding_pct: float = float("nan")  # graphs: share of the replayed work (rows x frames) that was padding
-    rows_per_step: float = float("nan")  # mean rows per batched forward in the window
-    small_steps_pct: float = float("nan")  # exact modes: share of the window's step time in forwards of <= 8 padded frames a row
-    first_chunk_wait_ms: float = 0.0  # how long first chunks could wait to gather (StreamEngine.first_chunk_wait)
 
 
 def _pct(xs: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs) * 1e3, q)) if xs else float("nan")
 
 
-def schedule_sizes(schedule: list[int], total: int) -> list[int]:
-    sizes: list[int] = []
-    while sum(sizes) < total:
-        sizes.append(min(schedule[min(len(sizes), len(schedule) - 1)], total - sum(sizes)))
-    return sizes
+def engine_for(model: Decoder, mode: str, base: EngineConfig) -> Lifecycle:
+    """The engine of one bench mode (``exact-graph`` / ``exact-eager``: the exact mode on the
+    graph or eager runner) over ``model``, every other knob from ``base``."""
+    decoding, _, runner = mode.partition("-")
+    return build_engine(replace(base, mode=decoding, graphs=runner == "graph" if decoding == "exact" else None), model=model)
 
 
-def build_engine(model: Decoder, mode: str, max_streams: int, max_batch_frames: int, group_by_size: bool = True,
-                 split_lone_group: bool = False) -> StreamEngine:
-    core_mode = mode.split("-")[0]
-    core = StreamEngine(model, max_streams=max_streams, mode=core_mode, max_step_frames=32, max_batch_frames=max_batch_frames,  # type: ignore[arg-type]
-                        group_by_size=group_by_size, split_lone_group=split_lone_group)
-    if mode == "exact-graph":
-        from code2wav.engine.graphs import GraphRunner
-
-        runner = GraphRunner(model, core.pool, max_batch_frames=max_batch_frames)
-        runner.capture(core.prefill_shapes())
-        core.runner = runner
-    return core
-
-
-async def _workload(core: StreamEngine, concurrency: int, frames: int, schedule: list[int], prefix: int, stagger_s: float, seed: int,
+async def _workload(core: Lifecycle, concurrency: int, frames: int, schedule: list[int], prefix: int, stagger_s: float, seed: int,
                     seconds: float = 0.0, pace: float = 0.0) -> "_Measured":
     """``concurrency`` workers, started ``stagger_s`` apart. With ``seconds == 0`` each decodes
     one stream and everything is measured. With ``seconds > 0`` each opens stream after stream
@@ -111,15 +69,16 @@ async def _workload(core: StreamEngine, concurrency: int, frames: int, schedule:
         start = t0 + (concurrency - 1) * stagger_s if seconds > 0 else t0
         end = start + seconds if seconds > 0 else float("inf")
         inside = lambda t: start <= t <= end  # noqa: E731
-        runner = core.runner
+        counted = core.runner_stats() is not None  # a GraphRunner counts the work it replays
 
         def on_step(seconds_: float, rows: int, frames_: int) -> None:
             if inside(time.perf_counter()):
                 m.steps.append(seconds_)
                 m.rows.append(rows)
                 m.widths.append(frames_)
-                if hasattr(runner, "padded_frames"):  # a GraphRunner counts the work it replays
-                    m.work.append((runner.padded_frames, runner.frames))
+                if counted:
+                    g = core.runner_stats()
+                    m.work.append((g["padded_frames"], g["frames"]))
 
         eng.on_step.append(on_step)
 
@@ -128,7 +87,7 @@ async def _workload(core: StreamEngine, concurrency: int, frames: int, schedule:
             await eng.open(rid, codes[:prefix] if prefix else None)
             opened, at, chunks = time.perf_counter(), prefix, []  # (pushed, landed, frames)
             sent: list[tuple[float, asyncio.Future, list[float], int]] = []  # (pushed, future, [landed], frames)
-            for n in schedule_sizes(schedule, frames):
+            for n in chunk_schedule(frames, schedule):
                 if pace > 0:  # the talker has these frames only now
                     await asyncio.sleep(max(0.0, opened + (at - prefix + n) / (fps * pace) - time.perf_counter()))
                 if time.perf_counter() > end:
@@ -222,11 +181,14 @@ def run(
     pace: float = 0.0,
     warm_eager: bool | None = None,
     first_chunk_waits: tuple[float | None, ...] = (None,),
+    base: EngineConfig | None = None,
 ) -> list[Result]:
     """``warm_eager`` (default: on CUDA): eager modes run each level's workload once untimed
     before the timed run, so that the first call of every new shape (cuDNN's plan for it, say)
     is not inside their timings; graphs meet their shapes at capture. ``first_chunk_waits``
-    (seconds; None: the engine's default): each level runs once per value, on one engine."""
+    (seconds; None: the engine's default): each level runs once per value, on one engine.
+    ``base``: every other engine knob (``max_streams`` is the largest level; pieces of 32 frames
+    unless it sets ``max_step_frames``)."""
     schedule = schedule or [1, 25]
     max_batch_frames = max_batch_frames or default_batch_frames()
     cuda = next(model.parameters()).is_cuda
@@ -246,21 +208,25 @@ def run(
             # Autotuning pays only where shapes repeat (graph buckets); eager modes see a new
             # shape at almost every step and would pay the tuning inside their timings.
             torch.backends.cudnn.benchmark = mode == "exact-graph"
-        core = build_engine(model, mode, max(levels), max_batch_frames, group_by_size, split_lone_group)
-        default_wait = core.first_chunk_wait
-        graph_mb = core.runner.pool_bytes / 2**20 if mode == "exact-graph" else 0.0  # type: ignore[union-attr]  (taken at capture)
+        base = base or EngineConfig()
+        policy = replace(base.schedule, group_by_size=group_by_size, split_lone_group=split_lone_group)
+        core = engine_for(model, mode, replace(base, max_streams=max(levels), max_step_frames=base.max_step_frames or 32, max_batch_frames=max_batch_frames,
+                                               schedule=policy))
+        graph_mb = core.runner_stats()["pool_bytes"] / 2**20 if mode == "exact-graph" else 0.0  # type: ignore[index]  (taken at capture)
         for prefix_frames in prefixes:  # one engine (one capture) per mode, every prefix
             # One untimed warm-up run per engine and prefix (allocator, cudnn autotune, lazy init).
             asyncio.run(_workload(core, min(4, max(levels)), min(frames, 30), schedule, prefix_frames, 0.0, seed=99))
             for c, wait in ((c, w) for c in levels for w in first_chunk_waits):
-                core.first_chunk_wait = default_wait if wait is None else wait
+                wait_s = policy.first_chunk_wait if wait is None else wait
+                if isinstance(core, StreamEngine):  # the baselines do not gather
+                    core.policy = replace(policy, first_chunk_wait=wait_s)
                 if warm_eager and mode != "exact-graph":  # the same workload, other stream ids
                     asyncio.run(_workload(core, c, frames, schedule, prefix_frames, stagger_s, seed=c + 1000, seconds=seconds, pace=pace))
                 if cuda:
                     torch.cuda.synchronize()
                     torch.cuda.reset_peak_memory_stats()
                 m = asyncio.run(_workload(core, c, frames, schedule, prefix_frames, stagger_s, seed=c, seconds=seconds, pace=pace))
-                runner = core.runner
+                g = core.runner_stats() or {}
                 audio_s = m.samples / core.cfg.sample_rate
                 results.append(
                     Result(
@@ -279,11 +245,11 @@ def run(
                         chunk_p99_ms=_pct(m.chunk, 99),
                         steps=len(m.steps),
                         mem_weights_mb=weights_mb,
-                        mem_state_pool_mb=(core.pool.nbytes / 2**20) if core.pool is not None else 0.0,
+                        mem_state_pool_mb=core.state_bytes()["pool"] / 2**20,
                         mem_graph_pool_mb=graph_mb,
                         mem_peak_mb=torch.cuda.max_memory_allocated() / 2**20 if cuda else float("nan"),
-                        graph_hits=getattr(runner, "hits", 0),
-                        graph_fallbacks=sum(getattr(runner, "fallbacks", {}).values()),
+                        graph_hits=g.get("hits", 0),
+                        graph_fallbacks=sum(g.get("fallbacks", {}).values()),
                         sustained_s=seconds,
                         pace=pace,
                         stalled_pct=100 * float(np.mean(np.asarray(m.stalls) > 1e-3)) if m.stalls else float("nan"),
@@ -291,7 +257,7 @@ def run(
                         padding_pct=_padding_pct(m.work),
                         rows_per_step=float(np.mean(m.rows)) if m.rows else float("nan"),
                         small_steps_pct=_small_steps_pct(m.steps, m.widths) if mode.startswith("exact") else float("nan"),
-                        first_chunk_wait_ms=core.first_chunk_wait * 1e3,
+                        first_chunk_wait_ms=wait_s * 1e3,
                     )
                 )
                 print(json.dumps(asdict(results[-1])), flush=True)  # kept even if a later level is cut off
@@ -301,50 +267,9 @@ def run(
     return results
 
 
-def table(results: list[Result]) -> str:
-    head = (f"{'mode':<12}{'c':>5}{'pfx':>5}{'wait':>5}{'x RT':>9}{'step p50':>10}{'step p99':>10}{'TTFP p50':>10}{'TTFP p99':>10}{'chunk p99':>10}"
-            f"{'pad%':>6}{'rows':>6}{'small%':>7}{'stalled%':>9}{'stall p99':>10}{'pool MB':>9}{'graph MB':>9}{'peak MB':>9}")
-    lines = [head, "-" * len(head)]
-    for r in results:
-        lines.append(
-            f"{r.mode:<12}{r.concurrency:>5}{r.prefix_frames:>5}{r.first_chunk_wait_ms:>5.0f}{r.throughput_x:>9.1f}{r.step_p50_ms:>10.2f}{r.step_p99_ms:>10.2f}"
-            f"{r.ttfp_p50_ms:>10.2f}{r.ttfp_p99_ms:>10.2f}{r.chunk_p99_ms:>10.2f}{r.padding_pct:>6.1f}{r.rows_per_step:>6.1f}{r.small_steps_pct:>7.1f}{r.stalled_pct:>9.1f}{r.stall_p99_ms:>10.2f}{r.mem_state_pool_mb:>9.0f}"
-            f"{r.mem_graph_pool_mb:>9.0f}{r.mem_peak_mb:>9.0f}"
-        )
-    return "\n".join(lines)
-
-
-def plot(results: list[Result], path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for mode, wait in dict.fromkeys((r.mode, r.first_chunk_wait_ms) for r in results):
-        rs = [r for r in results if (r.mode, r.first_chunk_wait_ms) == (mode, wait) and r.prefix_frames == results[0].prefix_frames]
-        label = mode if len({r.first_chunk_wait_ms for r in results}) == 1 else f"{mode}, first chunks wait {wait:g} ms"
-        a.plot([r.concurrency for r in rs], [r.throughput_x for r in rs], marker="o", label=label)
-        b.plot([r.concurrency for r in rs], [r.ttfp_p50_ms for r in rs], marker="o", label=label)
-    for ax, title in ((a, "throughput (x real time)"), (b, "time to first packet p50 (ms)")):
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("concurrent streams")
-        ax.set_title(title)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return True
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="checkpoint (default: embedded random weights)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    from code2wav.cli import DTYPES, add_low_rate_dtype  # here: cli imports this module
-
     p.add_argument("--dtype", default="bfloat16", choices=DTYPES)
     add_low_rate_dtype(p)
     p.add_argument("--modes", default=",".join(ALL_MODES))
@@ -366,77 +291,66 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--no-group-by-size: any sizes share a forward, padded to the widest)")
     p.add_argument("--split-lone-group", action="store_true",
                    help="with nothing on the GPU, run a group that takes every ready row as two halves, so the second "
-                        "runs while the first's audio is delivered (StreamEngine(split_lone_group=True); off by default)")
+                        "runs while the first's audio is delivered (SchedulePolicy.split_lone_group; off by default)")
     p.add_argument("--first-chunk-wait-ms", default=None,
                    help="how long a first chunk may wait for others to share its forward while other rows keep the GPU busy "
-                        "(StreamEngine(first_chunk_wait=...); default: the engine's); a comma list runs each level once per value")
+                        "(SchedulePolicy.first_chunk_wait; default: its default); a comma list runs each level once per value")
     p.add_argument("--max-batch-frames", type=int, default=None,
-                   help="padded frames per batched forward; sets the graph pool size (default: 480 with the allocator's "
-                        "expandable segments, which code2wav turns on unless PYTORCH_CUDA_ALLOC_CONF is set, else 256; "
-                        "bf16 H200: 762 / 1014 MiB)")
+                   help="padded frames per step; sets the graph pool size (default: graphs.default_batch_frames(), larger "
+                        "with the allocator's expandable segments, which code2wav turns on unless PYTORCH_CUDA_ALLOC_CONF is set)")
     p.add_argument("--convt", choices=("gemm", "cudnn"), default="gemm",
-                   help="the ConvTranspose layers as GEMMs (default) or cuDNN's transposed conv (the A/B of CausalConvTranspose1d.as_gemm)")
+                   help="the ConvTranspose layers as GEMMs (default) or cuDNN's transposed conv (LayerChoices.convt_gemm)")
     p.add_argument("--warm-eager", action=argparse.BooleanOptionalAction, default=None,
                    help="run each level of the eager modes once untimed first (default: on CUDA, where every "
                         "new shape's first call costs cuDNN plan building)")
+    add_set(p)
     p.add_argument("--out", default="bench-out", help="directory for results.json and plot.png")
     p.add_argument("--server", default=None, help="measure a running code2wav serve at this URL instead (TTFP at the client)")
     p.add_argument("--api-key", default=None, help="bearer token for --server")
 
 
-def main_service(args: argparse.Namespace) -> int:
-    """The same workload through the service's WebSocket API, one row per level and prefix."""
-    from code2wav.loadtest import fixed
-
-    rows = []
-    for pfx in [int(x) for x in args.prefix.split(",")]:
-        for c in [int(x) for x in args.levels.split(",")]:
-            r = asyncio.run(fixed(args.server, c, args.frames, [int(x) for x in args.chunks.split(",")], pfx, args.api_key))
-            rows.append({"mode": "service", "concurrency": c, "prefix_frames": pfx, **r.summary()})
-            print(json.dumps(rows[-1]), flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps({"meta": {"server": args.server}, "results": rows}, indent=2))
-    print(f"{'mode':<10}{'c':>5}{'pfx':>5}{'x RT':>9}{'TTFP p50':>10}{'TTFP p99':>10}{'errors':>8}")
-    for r in rows:
-        print(f"{r['mode']:<10}{r['concurrency']:>5}{r['prefix_frames']:>5}{r['throughput_x']:>9.1f}{r['ttfp_p50_ms']:>10.2f}{r['ttfp_p99_ms']:>10.2f}{sum(r['errors'].values()):>8}")
-    return 1 if any(r["errors"] for r in rows) else 0
+def _prefixes(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or min(values) < 0:
+        raise CliError(f"bad --prefix {text!r}: expected comma-separated frame counts >= 0, e.g. 0,72")
+    return values
 
 
 def main(args: argparse.Namespace) -> int:
-    from code2wav.cli import low_rate_dtype
-    from code2wav.model.loading import load_decoder
+    from code2wav.engine.build import load_model
 
     use_expandable_segments()  # before the model touches CUDA
     args.max_batch_frames = args.max_batch_frames or default_batch_frames()
 
     if args.server:
-        return main_service(args)
+        from code2wav.loadtest import service_bench
 
-    dtype = getattr(torch, args.dtype)
-    from code2wav.model.layers import CausalConvTranspose1d
+        return service_bench(args, _prefixes(args.prefix))
 
-    CausalConvTranspose1d.as_gemm = args.convt == "gemm"
-    model = load_decoder(args.model, device=args.device, dtype=dtype, channels_last=args.channels_last,
-                         low_rate_dtype=low_rate_dtype(args))
+    base = engine_config(args, args.device, [f"channels_last={args.channels_last}", f"layers.convt_gemm={args.convt == 'gemm'}"])
     modes = [m for m in args.modes.split(",") if m]
     bad = [m for m in modes if m not in ALL_MODES]
     if bad:
         raise SystemExit(f"code2wav bench: unknown mode(s) {bad}; choose from {ALL_MODES}")
-    levels = [int(x) for x in args.levels.split(",")]
-    chunks = [int(x) for x in args.chunks.split(",")]
-    results: list[Result] = []
-    prefixes = tuple(int(x) for x in args.prefix.split(","))
-    results += run(model, modes, levels, args.frames, chunks, prefixes, args.stagger_ms / 1e3, args.max_batch_frames, seconds=args.seconds,
-                   group_by_size=args.group_by_size, split_lone_group=args.split_lone_group, pace=args.pace, warm_eager=args.warm_eager,
-                   first_chunk_waits=(None,) if args.first_chunk_wait_ms is None else tuple(float(x) / 1e3 for x in args.first_chunk_wait_ms.split(",")))
+    levels = parse_ints(args.levels, "--levels", "1,16,64")
+    chunks = parse_ints(args.chunks, "--chunks")
+    prefixes = _prefixes(args.prefix)
+    model = load_model(base)
+    results = run(model, modes, levels, args.frames, chunks, prefixes, args.stagger_ms / 1e3, args.max_batch_frames, seconds=args.seconds,
+                  group_by_size=args.group_by_size, split_lone_group=args.split_lone_group, pace=args.pace, warm_eager=args.warm_eager,
+                  first_chunk_waits=(None,) if args.first_chunk_wait_ms is None else tuple(float(x) / 1e3 for x in args.first_chunk_wait_ms.split(",")),
+                  base=base)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu", "dtype": args.dtype, "low_rate_dtype": str(model.low_rate_dtype).removeprefix("torch."), "torch": torch.__version__,
             "channels_last": args.channels_last, "max_batch_frames": args.max_batch_frames, "sustained_s": args.seconds,
             "group_by_size": args.group_by_size, "split_lone_group": args.split_lone_group, "pace": args.pace,
             "convt": args.convt, "warm_eager": args.warm_eager,  # None: run()'s default, on for CUDA
-            "first_chunk_wait_ms": args.first_chunk_wait_ms}  # None: the engine's default
+            "first_chunk_wait_ms": args.first_chunk_wait_ms,  # None: the engine's default
+            "settings": args.settings}
     (out / "results.json").write_text(json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=2))
     plot(results, out / "plot.png")
     print(table(results))

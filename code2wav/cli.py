@@ -11,22 +11,18 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
+from code2wav.files import check_output, read_npy, valid_frames, write_audio
+from code2wav.options import DTYPES, CliError, add_low_rate_dtype, add_set, chunk_schedule, engine_config, parse_chunks, parse_device
+
 PROG = "code2wav"
 EXIT_BAD_INPUT = 2
-OUTPUT_KINDS = (".wav", ".flac", ".npy")
-DTYPES = ("float32", "float64", "bfloat16", "float16")
 DECODE_MODES = ("exact", "official", "windowed", "full")
 DEFAULT_STREAM_CHUNKS = (25,)
 PROGRESS_MIN_FRAMES = 250  # 20 s of audio: shorter inputs get no progress bar
-
-
-class CliError(Exception):
-    """Bad input or environment, reported as one line on stderr with exit status 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -34,122 +30,7 @@ class _Parser(argparse.ArgumentParser):
         raise CliError(f"{message} (see '{self.prog} --help')")
 
 
-# -- shared helpers (for every subcommand) -----------------------------------------------------------
-
-
-def parse_chunks(text: str) -> list[int]:
-    """``"1,4,8,25"`` -> ``[1, 4, 8, 25]``; every size a positive integer."""
-    try:
-        sizes = [int(s) for s in text.split(",")]
-    except ValueError:
-        sizes = []
-    if not sizes or any(n <= 0 for n in sizes):
-        raise CliError(f"bad --chunks {text!r}: expected comma-separated positive integers, e.g. 1,4,8,25")
-    return sizes
-
-
-def chunk_schedule(total: int, sizes: Sequence[int]) -> list[int]:
-    """Chunk sizes covering ``total`` frames: ``sizes`` in order, the last repeating, the final one cut."""
-    out, done = [], 0
-    while done < total:
-        n = min(sizes[min(len(out), len(sizes) - 1)], total - done)
-        out.append(n)
-        done += n
-    return out
-
-
-def parse_device(text: str):
-    import torch
-
-    try:
-        dev = torch.device(text)
-    except (RuntimeError, ValueError):
-        raise CliError(f"bad --device {text!r}: expected cpu or cuda[:N]") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise CliError(f"--device {text}: CUDA is not available here (torch {torch.__version__}); use --device cpu")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise CliError(f"--device {text}: only {torch.cuda.device_count()} CUDA device(s) here")
-    elif dev.type != "cpu":
-        raise CliError(f"bad --device {text!r}: expected cpu or cuda[:N]")
-    return dev
-
-
-def valid_frames(arr: np.ndarray, path: str, num_quantizers: int, codebook_size: int, what: str = "codes") -> np.ndarray:
-    """Check an integer ``[F, Q]`` array read from ``path``; return its frames, trailing ``-1`` padding dropped.
-
-    Range, shape and padding rules are ``code2wav.codes``'; this adds the CLI's stricter padding
-    marker (exactly ``-1`` in codebook 0) and names the file in the message."""
-    from code2wav.codes import CodesError, padded_batch
-
-    if arr.dtype.kind not in "iu":
-        raise CliError(f"{what} {path}: codes must be integers, got {arr.dtype}")
-    if arr.ndim != 2 or arr.shape[1] != num_quantizers:
-        raise CliError(f"{what} {path}: expected shape [frames, {num_quantizers}], got {list(arr.shape)}")
-    arr = arr.astype(np.int64)
-    bad = arr[:, 0][(arr[:, 0] < 0) & (arr[:, 0] != -1)]
-    if bad.size:
-        raise CliError(f"{what} {path}: code {int(bad[0])} outside [0, {codebook_size})")
-    try:
-        _, lens = padded_batch(arr, num_quantizers, codebook_size)
-    except CodesError as e:
-        raise CliError(f"{what} {path}: {e}") from None
-    return np.ascontiguousarray(arr[: int(lens[0])])
-
-
-def read_npy(path: str, what: str) -> np.ndarray:
-    p = Path(path)
-    if not p.exists():
-        raise CliError(f"{what} {path}: no such file")
-    if not p.is_file():
-        raise CliError(f"{what} {path}: not a file")
-    try:
-        arr = np.load(p, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as e:
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise CliError(f"{what} {path}: not a readable .npy file ({reason})") from None
-    if not isinstance(arr, np.ndarray):  # an .npz archive
-        arr.close()
-        raise CliError(f"{what} {path}: an .npz archive; expected one .npy array")
-    return arr
-
-
-def check_output(path: str) -> str:
-    """Validate an output path before any work is done; returns its kind (the extension)."""
-    p = Path(path)
-    kind = p.suffix.lower()
-    if kind not in OUTPUT_KINDS:
-        raise CliError(f"output {path}: unknown extension {p.suffix or '(none)'!r}; use one of {', '.join(OUTPUT_KINDS)}")
-    if not p.parent.is_dir():
-        raise CliError(f"output {path}: directory {p.parent} does not exist")
-    if p.is_dir():
-        raise CliError(f"output {path}: is a directory")
-    if kind != ".npy":
-        try:
-            import soundfile  # noqa: F401
-        except (ImportError, OSError):
-            raise CliError(f"output {path}: writing {kind} needs the soundfile package; install it or write .npy") from None
-    return kind
-
-
-def write_audio(path: str, kind: str, wav, sample_rate: int) -> None:
-    """``.wav``/``.flac``: 16-bit PCM; ``.npy``: the samples unquantized (bfloat16 as float32, exact)."""
-    import torch
-
-    if wav.dtype == torch.bfloat16:
-        wav = wav.float()
-    data = wav.detach().cpu().numpy()
-    try:
-        if kind == ".npy":
-            np.save(path, data)
-        else:
-            import soundfile as sf
-
-            if data.dtype == np.float16:  # soundfile takes float32/64 (exact for float16 values)
-                data = data.astype(np.float32)
-            sf.write(path, data, sample_rate, subtype="PCM_16", format=kind[1:].upper())
-    except (OSError, RuntimeError) as e:  # soundfile raises LibsndfileError (a RuntimeError)
-        raise CliError(f"output {path}: cannot write ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+# -- shared helpers ----------------------------------------------------------------------------------
 
 
 def progress_bar(total: int, desc: str):
@@ -160,20 +41,6 @@ def progress_bar(total: int, desc: str):
 
 
 # -- decode ------------------------------------------------------------------------------------------
-
-
-def add_low_rate_dtype(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--low-rate-dtype", choices=DTYPES, default=None,
-                   help="dtype of the stages before the conv stack (dequantizer, transformer, upsampling; 3.6 %% of the "
-                        "FLOPs); default: float32 under a half --dtype (TF32 on CUDA; on an H200, bf16 31.5 instead of 26.8 dB "
-                        "from float64; 6 %% less throughput at 256 streams before attention ran in bf16, not "
-                        "re-measured since), else --dtype")
-
-
-def low_rate_dtype(args: argparse.Namespace) -> "torch.dtype | None":
-    import torch
-
-    return getattr(torch, args.low_rate_dtype) if args.low_rate_dtype else None
 
 
 def _add_decode(sub) -> None:
@@ -229,7 +96,7 @@ def _run_decode(args: argparse.Namespace) -> int:
     if codes.shape[0] == 0:
         raise CliError(f"codes {args.codes}: no frames (after dropping -1 padding)")
     prefix = None if raw_prefix is None else valid_frames(raw_prefix, args.prefix, cfg.num_quantizers, cfg.codebook_size, "prefix")
-    model = load_decoder(ckpt, device=device, dtype=dtype, low_rate_dtype=low_rate_dtype(args))
+    model = load_decoder(ckpt, device=device, dtype=dtype, low_rate_dtype=getattr(torch, args.low_rate_dtype) if args.low_rate_dtype else None)
     t_load = time.perf_counter() - t0
 
     frames = codes.shape[0]
@@ -263,12 +130,13 @@ def _run_decode(args: argparse.Namespace) -> int:
 
 
 def _stream(model, codes: np.ndarray, prefix: np.ndarray | None, mode: str, sizes: list[int], progress: Callable[[int], None]):
-    """Feed ``codes`` through one ``StreamEngine`` stream; returns the concatenated pushed audio."""
+    """Feed ``codes`` through one stream of an engine; returns the concatenated pushed audio."""
     import torch
 
-    from code2wav.stream.engine import StreamEngine
+    from code2wav.engine.build import EngineConfig, build_engine
 
-    engine = StreamEngine(model, max_streams=1, mode=mode, max_prefix_frames=max(4096, 0 if prefix is None else prefix.shape[0]))
+    cfg = EngineConfig(mode=mode, max_streams=1, max_prefix_frames=max(4096, 0 if prefix is None else prefix.shape[0]), graphs=False)
+    engine = build_engine(cfg, model=model)
     rid = "cli"
     engine.open(rid, prefix)
     pieces, done = [], 0
@@ -324,8 +192,9 @@ def _add_serve(sub) -> None:
     p.add_argument("--max-body-bytes", type=int, default=16 << 20, help="largest POST /v1/decode body (default 16 MiB)")
     p.add_argument("--no-graphs", action="store_true", help="on CUDA, run steps eagerly instead of replaying CUDA graphs")
     p.add_argument("--first-chunk-wait-ms", type=float, default=None,
-                   help="under load, a stream's first chunk may wait this long for other first chunks to share its forward; "
-                        "only while the device is saturated (default: the engine's, code2wav.stream.engine.FIRST_CHUNK_WAIT_S; 0: at once)")
+                   help="under load, a stream's first chunk may wait this long for other first chunks to share its step; "
+                        "only while the device is saturated (default: SchedulePolicy.first_chunk_wait; 0: at once)")
+    add_set(p)
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(func=_run_serve)
 
@@ -337,11 +206,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         from code2wav.server.app import Limits, create_app
     except ImportError as e:
         raise CliError(f"serve needs the web stack ({e.name or e} is missing): pip install 'code2wav[serve]'") from None
-    import torch
-
-    from code2wav.engine.async_engine import AsyncEngine
-    from code2wav.model.loading import load_decoder
-    from code2wav.stream.engine import StreamEngine
+    from code2wav.engine.build import build_async_engine
 
     for name in ("max_streams", "port", "max_message_bytes", "max_stream_frames", "max_body_bytes"):
         if getattr(args, name) <= 0:
@@ -351,35 +216,29 @@ def _run_serve(args: argparse.Namespace) -> int:
     if args.first_chunk_wait_ms is not None and args.first_chunk_wait_ms < 0:
         raise CliError("--first-chunk-wait-ms must be >= 0")
     device = parse_device(args.device)
-    model = load_decoder(args.model, device=device, dtype=getattr(torch, args.dtype), low_rate_dtype=low_rate_dtype(args))
-    use_graphs = device.type == "cuda" and not args.no_graphs
-    from code2wav.engine.graphs import GraphRunner, default_batch_frames
-
-    core = StreamEngine(model, max_streams=args.max_streams, max_step_frames=32 if use_graphs else 64,
-                        max_batch_frames=default_batch_frames() if use_graphs else 1024,
-                        **({} if args.first_chunk_wait_ms is None else {"first_chunk_wait": args.first_chunk_wait_ms / 1e3}))
-    if use_graphs:
-        t0 = time.perf_counter()
-        runner = GraphRunner(model, core.pool, max_batch_frames=core.max_batch_frames)
-        runner.capture(core.prefill_shapes())
-        core.runner = runner
-        g = runner.stats()
+    settings = ([] if args.first_chunk_wait_ms is None else [f"schedule.first_chunk_wait={args.first_chunk_wait_ms / 1e3}"])
+    cfg = engine_config(args, device, settings + (["graphs=false"] if args.no_graphs else []))
+    t0 = time.perf_counter()
+    engine = build_async_engine(cfg)
+    g = engine.engine.runner.stats() if cfg.use_graphs() else None  # type: ignore[attr-defined]
+    if g is not None:
         print(f"{PROG}: captured {g['graphs']} step graphs and {g['prefill_graphs']} prefill graphs in "
-              f"{time.perf_counter() - t0:.0f} s (up to {core.max_batch_frames} padded frames per forward; "
+              f"{time.perf_counter() - t0:.0f} s (up to {cfg.batch_frames()} padded frames per step; "
               f"graph pool {g['pool_bytes'] / 2**20:.0f} MiB)", file=sys.stderr, flush=True)
+    model = engine.engine.model
     limits = Limits(
         max_message_bytes=args.max_message_bytes,
         max_stream_frames=args.max_stream_frames,
         max_body_bytes=args.max_body_bytes,
         idle_timeout=args.idle_timeout or None,
     )
-    app = create_app(AsyncEngine(core), api_key=args.api_key or None, limits=limits)
+    app = create_app(engine, api_key=args.api_key or None, limits=limits)
     print(f"{PROG}: serving on http://{args.host}:{args.port} ({args.max_streams} streams, {args.dtype} on {device}, "
           f"low-rate stages {str(model.low_rate_dtype).removeprefix('torch.')}"
           f"{', auth on' if args.api_key else ''})", file=sys.stderr, flush=True)
     # The transport drops messages far over the limit itself (close 1009, no JSON error).
-    # No permessage-deflate: PCM barely compresses (<2 %) and zlib on the event loop capped the
-    # service at ~13 MB/s of audio (~280x real time) however fast the GPU steps were.
+    # No permessage-deflate: PCM barely compresses, and zlib on the event loop caps the
+    # service's audio rate far below what the GPU steps make (BENCHMARKS.md, the service).
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 ws_max_size=4 * args.max_message_bytes + (64 << 10), ws_per_message_deflate=False)
     return 0
@@ -420,7 +279,7 @@ def _one_line(e: BaseException) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     from code2wav.codes import CodesError
     from code2wav.model.loading import CheckpointError
-    from code2wav.stream.engine import StreamError
+    from code2wav.stream.rows import StreamError
 
     from code2wav.engine.graphs import use_expandable_segments
 

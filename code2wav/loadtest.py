@@ -15,10 +15,12 @@ import asyncio
 import json
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from code2wav.client import AsyncClient, ServerError
+from code2wav.options import chunk_schedule, parse_ints
 
 SPF, SR = 1920, 24000
 
@@ -43,13 +45,6 @@ class LoadResult:
         return d
 
 
-def _sizes(schedule: list[int], total: int) -> list[int]:
-    out: list[int] = []
-    while sum(out) < total:
-        out.append(min(schedule[min(len(out), len(schedule) - 1)], total - sum(out)))
-    return out
-
-
 async def server_gauges(client: AsyncClient) -> dict[str, float]:
     """The few /metrics samples a load test reports (memory, pool use, errors so far)."""
     want = ("process_resident_memory_bytes", "code2wav_pool_slots_in_use", "code2wav_active_streams")
@@ -66,7 +61,7 @@ async def one_stream(client: AsyncClient, rng: np.random.Generator, frames: int,
     try:
         async with client.stream(prefix=codes[:prefix] if prefix else None, format="pcm_s16le") as s:
             at = prefix
-            for k, n in enumerate(_sizes(schedule, frames)):
+            for k, n in enumerate(chunk_schedule(frames, schedule)):
                 t0 = time.perf_counter()
                 await s.push(codes[at : at + n])
                 audio = await s.recv_audio()
@@ -123,7 +118,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    res = asyncio.run(load(args.server, args.streams, args.seconds, args.frames, [int(x) for x in args.chunks.split(",")], args.prefix, args.api_key))
+    res = asyncio.run(load(args.server, args.streams, args.seconds, args.frames, parse_ints(args.chunks, "--chunks"), args.prefix, args.api_key))
     summary = res.summary()
     if args.json:
         with open(args.json, "w") as f:
@@ -134,3 +129,20 @@ def main(args: argparse.Namespace) -> int:
     print(f"server RSS {mb(res.server_before):.0f} MiB -> {mb(res.server_after):.0f} MiB; slots in use "
           f"{res.server_before.get('code2wav_pool_slots_in_use')} -> {res.server_after.get('code2wav_pool_slots_in_use')}")
     return 1 if res.errors else 0
+
+
+def service_bench(args: argparse.Namespace, prefixes: tuple[int, ...]) -> int:
+    """The same workload through the service's WebSocket API, one row per level and prefix."""
+    rows = []
+    for pfx in prefixes:
+        for c in parse_ints(args.levels, "--levels", "1,16,64"):
+            r = asyncio.run(fixed(args.server, c, args.frames, parse_ints(args.chunks, "--chunks"), pfx, args.api_key))
+            rows.append({"mode": "service", "concurrency": c, "prefix_frames": pfx, **r.summary()})
+            print(json.dumps(rows[-1]), flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"meta": {"server": args.server}, "results": rows}, indent=2))
+    print(f"{'mode':<10}{'c':>5}{'pfx':>5}{'x RT':>9}{'TTFP p50':>10}{'TTFP p99':>10}{'errors':>8}")
+    for r in rows:
+        print(f"{r['mode']:<10}{r['concurrency']:>5}{r['prefix_frames']:>5}{r['throughput_x']:>9.1f}{r['ttfp_p50_ms']:>10.2f}{r['ttfp_p99_ms']:>10.2f}{sum(r['errors'].values()):>8}")
+    return 1 if any(r["errors"] for r in rows) else 0

@@ -15,7 +15,8 @@ import soundfile as sf
 import torch
 
 from code2wav import offline
-from code2wav.cli import chunk_schedule, main
+from code2wav.cli import main
+from code2wav.options import chunk_schedule
 from code2wav.model.loading import CONFIG_FILE, WEIGHTS_FILE, load_decoder
 from tests.models import one_thread, random_codes, write_checkpoint
 

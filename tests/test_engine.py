@@ -12,9 +12,25 @@ import torch
 from code2wav.codes import CodesError
 from code2wav.engine.async_engine import AsyncEngine, Backpressure
 from code2wav.engine.graphs import pick_bucket, plan_buckets
-from code2wav.stream.engine import FIRST_CHUNK_WAIT_S, StreamEngine, StreamError, _groups
-from code2wav.stream.pool import PoolFull, packed_base, packed_inputs
+from code2wav.stream.engine import StreamEngine
+from code2wav.stream.rows import StreamError
+from code2wav.stream.runner import EagerRunner
+from code2wav.stream.schedule import SchedulePolicy, split_groups
+from code2wav.stream.pool import PoolFull, StatePool, packed_base, packed_inputs
 from tests.models import SMALL, forward_audio, model, one_thread, random_codes
+
+
+class Spy(EagerRunner):
+    """The eager runner over a new pool of ``max_streams`` slots that calls ``before(codes, slots,
+    n_new)`` ahead of every step; where that returns audio, the step returns it instead."""
+
+    def __init__(self, m, max_streams, before):
+        super().__init__(m, StatePool(m, max_streams))
+        self.before = before
+
+    def __call__(self, codes, slots, n_new):
+        out = self.before(codes, slots, n_new)
+        return super().__call__(codes, slots, n_new) if out is None else out
 
 SPF = 1920
 
@@ -177,20 +193,13 @@ def test_rows_are_handed_over_as_their_group_finishes(m, codes):
     """A step bigger than the frame budget runs as several groups; ``on_ready`` gets each row as
     soon as its group is done (before later groups run), exactly once, with the audio the step
     returns. Rows cut into several pieces are handed over after their last piece."""
-    core = StreamEngine(m, max_streams=6, max_step_frames=8, max_batch_frames=16)
     log: list[tuple[str, object]] = []
-    inner = core.runner
-
-    def runner(c, slots, n_new):
-        log.append(("run", tuple(slots.tolist())))
-        return inner(c, slots, n_new)
-
-    core.runner = runner
+    core = StreamEngine(m, runner=Spy(m, 6, lambda c, slots, n_new: log.append(("run", tuple(slots.tolist())))), max_step_frames=8, max_batch_frames=16)
     sizes = [8, 8, 8, 3, 12, 5]  # 12 frames: two pieces of at most 8
     for i in range(6):
         core.open(f"s{i}")
     got: dict[str, torch.Tensor] = {}
-    out = core.step(
+    out = core.decode(
         {f"s{i}": codes[:n] for i, n in enumerate(sizes)},
         on_ready=lambda rid, a: (log.append(("ready", rid)), got.__setitem__(rid, a)),
     )
@@ -210,16 +219,13 @@ def test_async_chunk_resolves_before_its_step_ends(m, codes):
     import threading
 
     async def main():
-        core = StreamEngine(m, max_streams=2, max_step_frames=8, max_batch_frames=8)  # one row per group
         release = threading.Event()
-        inner = core.runner
 
-        def runner(c, slots, n_new):
+        def wait_at_the_second(c, slots, n_new):
             if slots.tolist() == [1]:  # the second group waits until the test has looked
                 assert release.wait(10)
-            return inner(c, slots, n_new)
 
-        core.runner = runner
+        core = StreamEngine(m, runner=Spy(m, 2, wait_at_the_second), max_step_frames=8, max_batch_frames=8)  # one row per group
         async with AsyncEngine(core) as eng:
             await eng.open("a")
             await eng.open("b")
@@ -240,10 +246,10 @@ def test_new_chunks_join_a_running_step(m, codes):
     does not queue behind the step) and pushes; its chunk and the next chunk of a stream whose
     audio already came back join the same step's later groups. Every output stays exact."""
     async def main():
-        core = StreamEngine(m, max_streams=3, max_step_frames=8, max_batch_frames=8)  # one row per group
+        runner, hold, held = _hold_runner(m, 3, lambda slots: slots == [1])  # the first group of stream "b" waits
+        core = StreamEngine(m, runner=runner, max_step_frames=8, max_batch_frames=8)  # one row per group
         calls: list[int] = []
-        core.step = _counting(core.step, calls)
-        hold, held = _hold_runner(core, lambda slots: slots == [1])  # the first group of stream "b" waits
+        core.decode = _counting(core.decode, calls)
         async with AsyncEngine(core) as eng:
             await eng.open("a")
             await eng.open("b")
@@ -271,8 +277,8 @@ def test_abort_during_a_step_leaves_the_reused_slot_cold(m, codes):
     """A stream aborted while its row waits in a running step: the row is dropped, the slot is
     freed at once, and a stream that takes the same slot mid-step starts from cold state."""
     async def main():
-        core = StreamEngine(m, max_streams=2, max_step_frames=8, max_batch_frames=8)
-        hold, held = _hold_runner(core, lambda slots: True)  # the first group waits
+        runner, hold, held = _hold_runner(m, 2, lambda slots: True)  # the first group waits
+        core = StreamEngine(m, runner=runner, max_step_frames=8, max_batch_frames=8)
         async with AsyncEngine(core) as eng:
             await eng.open("a")
             await eng.open("b")
@@ -298,14 +304,14 @@ def test_abort_during_a_step_leaves_the_reused_slot_cold(m, codes):
 
 
 def test_step_polls_for_more_rows_and_keeps_each_streams_order(m, codes):
-    """``StreamEngine.step(more=...)``: asked before every group; rows it returns join; two
+    """``StreamEngine.decode(more=...)``: asked before every group; rows it returns join; two
     chunks of one stream never share a group and run in the order given."""
     core = StreamEngine(m, max_streams=2, max_step_frames=4, max_batch_frames=8)
     core.open("a")
     core.open("b")
     extra = [{"a": codes[6:9], "b": codes[4:7]}, {"a": codes[9:10]}]
     asked, got = [], {"a": [], "b": []}
-    out = core.step({"a": codes[:6], "b": codes[:4]}, on_ready=lambda rid, x: got[rid].append(x),
+    out = core.decode({"a": codes[:6], "b": codes[:4]}, on_ready=lambda rid, x: got[rid].append(x),
                     more=lambda: (asked.append(1), extra.pop(0) if extra else {})[1])
     assert out == {} and len(asked) >= 3
     ref = forward_audio(m, codes[:10])
@@ -319,8 +325,8 @@ def test_finishing_many_streams_during_a_long_step_queues_one_zeroing_job(m, cod
     still starts cold."""
 
     async def main():
-        core = StreamEngine(m, max_streams=6, max_step_frames=8, max_batch_frames=8)
-        hold, held = _hold_runner(core, lambda slots: slots == [5])
+        runner, hold, held = _hold_runner(m, 6, lambda slots: slots == [5])
+        core = StreamEngine(m, runner=runner, max_step_frames=8, max_batch_frames=8)
         async with AsyncEngine(core) as eng:
             for i in range(6):
                 await eng.open(f"s{i}")
@@ -349,8 +355,8 @@ def test_a_cancelled_chunk_is_dropped_and_the_stream_goes_on(m, codes):
     still runs, right after the one before the cancelled one."""
 
     async def main():
-        core = StreamEngine(m, max_streams=1)
-        hold, held = _hold_runner(core, lambda slots: True)
+        runner, hold, held = _hold_runner(m, 1, lambda slots: True)
+        core = StreamEngine(m, runner=runner)
         async with AsyncEngine(core, max_pending_chunks=4) as eng:
             await eng.open("a")
             f1 = eng.submit("a", codes[:3])
@@ -425,17 +431,18 @@ def test_first_chunks_go_ahead_of_streams_already_playing(m, codes):
     already have audio; the later chunks keep their order and every output stays exact. (Here
     with ``first_chunk_wait=0``: the playing streams saturate the one-row groups, so by default
     the first chunk would wait for others; see the gathering tests.)"""
-    core = StreamEngine(m, max_streams=4, max_step_frames=8, max_batch_frames=8, first_chunk_wait=0.0)  # one row per group
+    order = []
+    recording = [False]  # from the step under test on
+    spy = Spy(m, 4, lambda c, slots, n_new: order.append(slots.tolist()) if recording[0] else None)
+    core = StreamEngine(m, runner=spy, max_step_frames=8, max_batch_frames=8, policy=SchedulePolicy(first_chunk_wait=0.0))  # one row per group
     for rid in "abc":
         core.open(rid)
         core.push(rid, codes[:2])  # playing
     core.open("d")
-    order = []
-    inner = core.runner
-    core.runner = lambda c, slots, n_new: (order.append(slots.tolist()), inner(c, slots, n_new))[1]
+    recording[0] = True
     arrivals = [{"d": codes[:1]}]
     got = {}
-    core.step({rid: codes[2:10] for rid in "abc"}, on_ready=got.__setitem__, more=lambda: arrivals.pop() if arrivals else {})
+    core.decode({rid: codes[2:10] for rid in "abc"}, on_ready=got.__setitem__, more=lambda: arrivals.pop() if arrivals else {})
     assert order == [[3], [0], [1], [2]]
     ref = forward_audio(m, codes[:10])
     assert all((got[rid] - ref[2 * SPF :]).abs().max() <= 1e-9 for rid in "abc")
@@ -448,7 +455,9 @@ def _gathering_step(m, codes, monkeypatch=None, later: float = 0.0, budget: int 
     reference prefix); returns the slots of each group, in order, and checks every row's audio
     against the whole forward. With the default budget of 3 frames a forward holds one 2-frame
     row or three 1-frame ones, so the playing streams' rows saturate it."""
-    core = StreamEngine(m, max_streams=5, max_step_frames=2, max_batch_frames=budget, **kw)
+    order, recording = [], [False]  # from the step under test on
+    spy = Spy(m, 5, lambda c, slots, n_new: order.append(slots.tolist()) if recording[0] else None)
+    core = StreamEngine(m, runner=spy, max_step_frames=2, max_batch_frames=budget, policy=SchedulePolicy(**kw))
     for rid in "ab":
         core.open(rid)
         core.push(rid, codes[:2])
@@ -458,11 +467,10 @@ def _gathering_step(m, codes, monkeypatch=None, later: float = 0.0, budget: int 
     if later:  # every first chunk has waited ``later`` seconds by the time groups are formed
         real = time.monotonic
         monkeypatch.setattr(time, "monotonic", lambda: real() + later)
-    order, got = [], {}
-    inner = core.runner
-    core.runner = lambda c, slots, n_new: (order.append(slots.tolist()), inner(c, slots, n_new))[1]
+    got = {}
+    recording[0] = True
     arrivals = [{"d": codes[:1], "e": codes[:1]}, {"a": codes[4:6]}]  # popped from the end: a's next chunk first
-    core.step({"a": codes[2:4], "b": codes[2:4], "c": codes[prefix_c : prefix_c + 1]}, on_ready=got.__setitem__,
+    core.decode({"a": codes[2:4], "b": codes[2:4], "c": codes[prefix_c : prefix_c + 1]}, on_ready=got.__setitem__,
               more=lambda: arrivals.pop() if arrivals else {})
     ref = forward_audio(m, codes[:6])
     assert (got["a"] - ref[4 * SPF : 6 * SPF]).abs().max() <= 1e-9 and (got["b"] - ref[2 * SPF : 4 * SPF]).abs().max() <= 1e-9
@@ -498,11 +506,9 @@ def test_group_by_size_keeps_one_size_class_per_group(m, codes, group_by_size):
     """By default (``group_by_size``) a group holds rows of one size class: 1-frame first chunks
     are not padded to 20 next to steady chunks. Rows passed over keep their places and their
     streams' order, and every output stays exact. Without it, sizes share a padded group."""
-    core = StreamEngine(m, max_streams=4, max_step_frames=32, max_batch_frames=64,
-                        **({} if group_by_size else {"group_by_size": False}))
     shapes = []
-    inner = core.runner
-    core.runner = lambda c, slots, n_new: (shapes.append((slots.tolist(), c.shape[-1])), inner(c, slots, n_new))[1]
+    spy = Spy(m, 4, lambda c, slots, n_new: shapes.append((slots.tolist(), c.shape[-1])))
+    core = StreamEngine(m, runner=spy, max_step_frames=32, max_batch_frames=64, policy=SchedulePolicy(group_by_size=group_by_size))
     for rid in "ab":
         core.open(rid)
         core.push(rid, codes[:1])  # playing
@@ -511,7 +517,7 @@ def test_group_by_size_keeps_one_size_class_per_group(m, codes, group_by_size):
     core.open("d")
     arrivals = [{"a": codes[21:22]}]  # a's second chunk (1 frame) arrives behind its 20-frame one
     got: dict[str, list] = {r: [] for r in "abcd"}
-    core.step({"a": codes[1:21], "c": codes[:1], "b": codes[1:21], "d": codes[:1]},
+    core.decode({"a": codes[1:21], "c": codes[:1], "b": codes[1:21], "d": codes[:1]},
               on_ready=lambda rid, x: got[rid].append(x), more=lambda: arrivals.pop() if arrivals else {})
     if group_by_size:
         assert shapes == [([2, 3], 1), ([0, 1], 20), ([0], 1)]  # first chunks, steady, then a's next
@@ -527,18 +533,17 @@ def test_split_lone_group_runs_every_ready_row_as_two_halves(m, codes):
     """``split_lone_group``: with nothing in flight, a group that took every ready row (the
     budget did not cut it) runs as two halves, the second half whole (not halved again); a group
     the budget cut is not split. Each stream's chunks stay in order and exact."""
-    core = StreamEngine(m, max_streams=6, max_step_frames=8, max_batch_frames=48, split_lone_group=True)
     shapes = []
-    inner = core.runner
-    core.runner = lambda c, slots, n_new: (shapes.append((slots.tolist(), c.shape[-1])), inner(c, slots, n_new))[1]
+    record = lambda c, slots, n_new: shapes.append((slots.tolist(), c.shape[-1]))  # noqa: E731
+    core = StreamEngine(m, runner=Spy(m, 6, record), max_step_frames=8, max_batch_frames=48, policy=SchedulePolicy(split_lone_group=True))
     rids = "abcdef"
     for rid in rids:
         core.open(rid)
     got: dict[str, list] = {r: [] for r in rids}
-    core.step({rid: codes[:3] for rid in rids}, on_ready=lambda rid, x: got[rid].append(x))
+    core.decode({rid: codes[:3] for rid in rids}, on_ready=lambda rid, x: got[rid].append(x))
     assert shapes == [([0, 1, 2], 3), ([3, 4, 5], 3)]  # 6 x 3 frames, under the budget of 48: halves
     shapes.clear()
-    core.step({rid: codes[3:11] for rid in rids}, on_ready=lambda rid, x: got[rid].append(x))
+    core.decode({rid: codes[3:11] for rid in rids}, on_ready=lambda rid, x: got[rid].append(x))
     assert shapes == [([0, 1, 2], 8), ([3, 4, 5], 8)]  # 6 x 8 = 48 fits, and it is every ready row
     ref = forward_audio(m, codes[:11])
     for rid in rids:
@@ -546,13 +551,12 @@ def test_split_lone_group_runs_every_ready_row_as_two_halves(m, codes):
 
     # Mixed sizes (group_by_size off): 7 rows of 2 frames would fit 24 to a group, but an 8-frame
     # row next in line would make it 8 x 8 > 48, so the budget cut the group: it is not split.
-    core = StreamEngine(m, max_streams=8, max_step_frames=8, max_batch_frames=48, group_by_size=False, split_lone_group=True)
+    core = StreamEngine(m, runner=Spy(m, 8, record), max_step_frames=8, max_batch_frames=48,
+                        policy=SchedulePolicy(group_by_size=False, split_lone_group=True))
     shapes.clear()
-    inner = core.runner
-    core.runner = lambda c, slots, n_new: (shapes.append((slots.tolist(), c.shape[-1])), inner(c, slots, n_new))[1]
     for i in range(8):
         core.open(str(i))
-    out = core.step({str(i): codes[: 8 if i == 7 else 2] for i in range(8)})
+    out = core.decode({str(i): codes[: 8 if i == 7 else 2] for i in range(8)})
     assert shapes == [(list(range(7)), 2), ([7], 8)]
     assert all((out[str(i)] - ref[: (8 if i == 7 else 2) * SPF]).abs().max() <= 1e-9 for i in range(8))
 
@@ -572,22 +576,19 @@ def test_graph_budget_follows_the_allocator_setting(monkeypatch):
     assert graphs.default_batch_frames() == 256
 
 
-def _hold_runner(core, when):
-    """Make the engine's runner stop at its first group whose slots satisfy ``when`` until the
-    test sets ``hold``; ``held`` is set once it has stopped there."""
+def _hold_runner(m, max_streams, when):
+    """A runner that stops at its first group whose slots satisfy ``when`` until the test sets
+    ``hold``; ``held`` is set once it has stopped there."""
     import threading
 
     hold, held = threading.Event(), threading.Event()
-    inner = core.runner
 
-    def runner(c, slots, n_new):
+    def wait(c, slots, n_new):
         if not hold.is_set() and when(slots.tolist()):
             held.set()
             assert hold.wait(10)
-        return inner(c, slots, n_new)
 
-    core.runner = runner
-    return hold, held
+    return Spy(m, max_streams, wait), hold, held
 
 
 def _counting(fn, calls):
@@ -645,22 +646,21 @@ def test_engine_stages_a_group_at_the_runners_padded_shape(m, codes):
     engine hands it inputs staged at that shape in one buffer: real rows first, padding rows on
     the scratch slot with no new frames, padding frames zero; the audio stays exact. The buffer
     is reused for the next group of that shape."""
-    core = StreamEngine(m, max_streams=3, group_by_size=False)  # one group of rows of 1, 2 and 3 frames
     seen, buffers = [], set()
 
-    class Padding:
+    class Padding(EagerRunner):
         def padded_shape(self, batch, frames):
             return (4, 8)
 
         def __call__(self, c, slots, n_new):
             seen.append((c.clone(), slots.tolist(), n_new.tolist(), packed_base(c, slots, n_new) is not None))
             buffers.add(c.data_ptr())
-            return core._run_eager(c, slots, n_new)
+            return super().__call__(c, slots, n_new)
 
-    core.runner = Padding()
+    core = StreamEngine(m, runner=Padding(m, StatePool(m, 3)), policy=SchedulePolicy(group_by_size=False))  # one group of rows of 1, 2 and 3 frames
     for i in range(3):
         core.open(f"s{i}", codes[: 2 * i])
-    out = core.step({f"s{i}": codes[2 * i : 2 * i + 1 + i] for i in range(3)})  # 1, 2 and 3 new frames
+    out = core.decode({f"s{i}": codes[2 * i : 2 * i + 1 + i] for i in range(3)})  # 1, 2 and 3 new frames
     (c, slots, n_new, one_buffer), = seen
     assert c.shape == (4, 16, 8) and one_buffer
     assert slots == [0, 1, 2, core.pool.scratch_slot] and n_new == [1, 2, 3, 0]
@@ -671,7 +671,7 @@ def test_engine_stages_a_group_at_the_runners_padded_shape(m, codes):
         assert out[f"s{i}"].shape == ((1 + i) * SPF,)
         assert (out[f"s{i}"] - forward_audio(m, codes[: 3 * i + 1])[2 * i * SPF :]).abs().max() <= 1e-9
     # The next group of that shape reuses the buffer, reset: nothing of the last group is left.
-    out = core.step({"s1": codes[4:5]})
+    out = core.decode({"s1": codes[4:5]})
     c2, slots, n_new, _ = seen[1]
     assert slots == [1] + [core.pool.scratch_slot] * 3 and n_new == [1, 0, 0, 0]
     assert torch.equal(c2[0, :, :1], codes[4:5].T) and c2[0, :, 1:].abs().sum() == 0 and c2[1:].abs().sum() == 0
@@ -682,10 +682,10 @@ def test_engine_stages_a_group_at_the_runners_padded_shape(m, codes):
 def test_rows_grouped_under_the_frame_budget():
     take = {0: 25, 1: 1, 2: 25, 3: 25, 4: 3}
     budget = lambda frames: max(1, 50 // frames)  # noqa: E731
-    groups = _groups([0, 1, 2, 3, 4], take, budget)
+    groups = split_groups([0, 1, 2, 3, 4], take, budget)
     assert [i for g in groups for i in g] == [0, 1, 2, 3, 4]  # order kept, nothing dropped
     assert all(len(g) * max(take[i] for i in g) <= 50 for g in groups)
-    assert _groups([0], {0: 64}, budget) == [[0]]  # a single row always runs
+    assert split_groups([0], {0: 64}, budget) == [[0]]  # a single row always runs
 
 
 def test_bench_command_reports_every_mode_and_level(tmp_path, capsys):
@@ -764,13 +764,13 @@ def test_bench_runs_each_level_once_per_first_chunk_wait(m, monkeypatch):
     real = bench._workload
 
     async def workload(core, *a, **k):
-        seen.append(core.first_chunk_wait)
+        seen.append(core.policy.first_chunk_wait)
         return await real(core, *a, **k)
 
     monkeypatch.setattr(bench, "_workload", workload)
     rows = bench.run(m, ["exact-eager"], [1, 2], frames=3, schedule=[1, 2], stagger_s=0.0, progress=False,
                      first_chunk_waits=(0.0, 0.005, None))
-    d = FIRST_CHUNK_WAIT_S
+    d = SchedulePolicy().first_chunk_wait
     assert [(r.concurrency, r.first_chunk_wait_ms) for r in rows] == [(1, 0.0), (1, 5.0), (1, d * 1e3), (2, 0.0), (2, 5.0), (2, d * 1e3)]
     assert seen[1:] == [0.0, 0.005, d, 0.0, 0.005, d]  # the first is the untimed warm-up run
     assert all(r.audio_s == r.concurrency * 3 * SPF / 24000 for r in rows)
@@ -782,19 +782,24 @@ def test_bench_reports_the_share_of_padded_work(m):
     padded to 8 frames a row."""
     from code2wav.bench import Result, _padding_pct, _workload, table
 
-    core = StreamEngine(m, max_streams=2, max_step_frames=8, max_batch_frames=8)  # one row per forward
+    class Padded(EagerRunner):
+        padded_frames = frames = 0
 
-    class Padded:
-        def __init__(self, run):
-            self.run, self.padded_frames, self.frames, self.calls = run, 0, 0, []
+        def __init__(self, *a):
+            super().__init__(*a)
+            self.calls = []
 
         def __call__(self, codes, slots, n_new):
             self.calls.append((codes.shape[0] * 8, int(n_new.sum())))  # as if every forward replayed an (rows, 8) bucket
             self.padded_frames += self.calls[-1][0]
             self.frames += self.calls[-1][1]
-            return self.run(codes, slots, n_new)
+            return super().__call__(codes, slots, n_new)
 
-    core.runner = runner = Padded(core.runner)
+        def stats(self):
+            return {"padded_frames": self.padded_frames, "frames": self.frames}
+
+    runner = Padded(m, StatePool(m, 2))
+    core = StreamEngine(m, runner=runner, max_step_frames=8, max_batch_frames=8)  # one row per forward
     res = asyncio.run(_workload(core, 2, 6, [1, 5], 0, 0.0, seed=2))
     # Forwards: the first chunks (1 frame; together or apart, as they reach the worker), then
     # each 5-frame chunk alone. Between the first forward and the last: every later forward.
@@ -833,8 +838,8 @@ def test_bench_paced_talkers_count_the_stalls_the_decoder_adds(m):
     assert playback_stall((0.0, 0.05, 0.1), (1, 1, 1), 12.5) == 0.0
 
     def run(slow: bool):  # the runner returns silence at once, or after 100 ms for 5 frames
-        core = StreamEngine(m, max_streams=2)
-        core.runner = lambda c, slots, n_new: (time.sleep(0.1) if slow and c.shape[-1] == 5 else None, torch.zeros(c.shape[0], c.shape[-1] * SPF))[1]
+        silence = lambda c, slots, n_new: (time.sleep(0.1) if slow and c.shape[-1] == 5 else None, torch.zeros(c.shape[0], c.shape[-1] * SPF))[1]  # noqa: E731
+        core = StreamEngine(m, runner=Spy(m, 2, silence))
         t0 = time.perf_counter()
         res = asyncio.run(_workload(core, 2, 6, [1, 5], 0, 0.0, seed=3, pace=2.0))  # chunks due at 40 and 240 ms
         return res, time.perf_counter() - t0
@@ -850,10 +855,9 @@ def test_bench_paced_talkers_count_the_stalls_the_decoder_adds(m):
 def test_engine_never_exceeds_the_runners_buckets(m, codes):
     """With a graph-like runner (largest bucket 4 frames, at most 2 rows), a step over 5 streams
     with 11-frame chunks is cut into pieces every call of which the runner holds, and stays exact."""
-    core = StreamEngine(m, max_streams=5)
     shapes = []
 
-    class Runner:
+    class Runner(EagerRunner):
         max_frames = 4
 
         def max_rows(self, frames):
@@ -861,12 +865,12 @@ def test_engine_never_exceeds_the_runners_buckets(m, codes):
 
         def __call__(self, c, slots, n_new):
             shapes.append(tuple(c.shape))
-            return core._run_eager(c, slots, n_new)
+            return super().__call__(c, slots, n_new)
 
-    core.runner = Runner()
+    core = StreamEngine(m, runner=Runner(m, StatePool(m, 5)))
     for i in range(5):
         core.open(f"s{i}", codes[: 3 * i])
-    out = core.step({f"s{i}": codes[3 * i : 3 * i + 11] for i in range(5)})
+    out = core.decode({f"s{i}": codes[3 * i : 3 * i + 11] for i in range(5)})
     assert shapes and all(b <= 2 and t <= 4 for b, _, t in shapes)
     ref = forward_audio(m, codes[:23])
     for i in range(5):

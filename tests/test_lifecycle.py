@@ -9,7 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from code2wav.codes import CodesError
-from code2wav.stream.engine import StreamEngine, StreamError
+from code2wav.stream.engine import StreamEngine
+from code2wav.stream.rows import StreamError
 from code2wav.stream.pool import PoolFull
 from tests.models import SMALL, forward_audio, model, one_thread, random_codes
 
@@ -44,7 +45,7 @@ def good_run(m, codes, bad_calls) -> dict[str, list[torch.Tensor]]:
         rows = {"A": codes[100 + 5 * r : 105 + 5 * r]}
         rows.update(extra)  # bad rows sit between good rows
         rows["B"] = codes[30 + 3 * r : 33 + 3 * r]
-        res = e.step(rows)
+        res = e.decode(rows)
         for rid in extra:
             assert isinstance(res[rid], (StreamError, CodesError)), rid
         out["A"].append(res["A"])

@@ -480,24 +480,25 @@ def test_metrics_show_the_graph_runner(ckpt):
     from code2wav.engine.async_engine import AsyncEngine
     from code2wav.server.app import _Metrics
 
-    model = load_decoder(ckpt, device="cpu", dtype=torch.float32)
-    core = StreamEngine(model, max_streams=2, max_step_frames=8, max_batch_frames=16)
+    from code2wav.stream.pool import StatePool
+    from code2wav.stream.runner import EagerRunner
 
-    class Graphs:  # the GraphRunner interface the service reads
-        def __init__(self, run):
-            self.run, self.hits, self.padded, self.frames = run, 0, 0, 0
+    model = load_decoder(ckpt, device="cpu", dtype=torch.float32)
+
+    class Graphs(EagerRunner):  # the GraphRunner bookkeeping the service reads
+        hits = padded = frames = 0
 
         def __call__(self, codes, slots, n_new):
             self.hits += 1
             self.padded += 2 * 8  # as if padded up to a (2 rows, 8 frames) bucket
             self.frames += int(n_new.sum())
-            return self.run(codes, slots, n_new)
+            return super().__call__(codes, slots, n_new)
 
         def stats(self):
             return {"hits": self.hits, "fallbacks": {"no bucket": 3}, "frames": self.frames, "padded_frames": self.padded,
                     "pool_bytes": 1234}
 
-    core.runner = Graphs(core.runner)
+    core = StreamEngine(model, runner=Graphs(model, StatePool(model, 2)), max_step_frames=8, max_batch_frames=16)
 
     async def go() -> str:
         async with AsyncEngine(core) as eng:

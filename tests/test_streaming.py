@@ -15,6 +15,8 @@ import random
 import pytest
 import torch
 
+from code2wav.options import chunk_schedule
+from code2wav.stream.baselines import BaselineEngine
 from code2wav.stream.engine import StreamEngine
 from tests.models import FULL, SMALL, forward_audio, model, one_thread, random_codes
 
@@ -31,12 +33,8 @@ def _threads(request):
 
 
 def schedule_sizes(schedule: list[int], total: int) -> list[int]:
-    """Chunk sizes in order, the last repeating, cut to ``total`` frames."""
-    sizes, i = [], 0
-    while sum(sizes) < total:
-        sizes.append(min(schedule[min(i, len(schedule) - 1)], total - sum(sizes)))
-        i += 1
-    return sizes
+    """Chunk sizes in order, the last repeating, cut to ``total`` frames (the CLI's rule)."""
+    return chunk_schedule(total, schedule)
 
 
 def ragged(seed: int, total: int, hi: int = 30) -> list[int]:
@@ -95,7 +93,7 @@ def test_full_size_streams_batched_together_match_forward(full64):
                 size = sizes.pop(0)
                 batch[rid] = codes[at[rid] : at[rid] + size]
                 at[rid] += size
-        for rid, audio in engine.step(batch).items():
+        for rid, audio in engine.decode(batch).items():
             outs[rid].append(audio)
     for rid, (p, _) in cases.items():
         engine.finish(rid)
@@ -221,7 +219,7 @@ def test_many_streams_in_one_batch_equal_each_alone(small64):
                 size = plans[i].pop(0)
                 batch[f"r{i}"] = codes[at[i] : at[i] + size]
                 at[i] += size
-        for rid, audio in engine.step(batch).items():
+        for rid, audio in engine.decode(batch).items():
             outs[int(rid[1:])].append(audio)
         if not any(plans) and len(started) == len(specs):
             break
@@ -261,13 +259,12 @@ def test_prefixes_of_streams_opening_together_are_prefilled_in_one_batch(small64
     batch is padded with scratch rows and full-size pieces; the audio is exact either way."""
     m, codes, ref = small64
     prefixes = [1, 3, 9, 10, 40, 72, 0]
-    engine = StreamEngine(m, max_streams=8, max_step_frames=16)
-    engine.bucket_prefill = bucketed
+    engine = StreamEngine(m, max_streams=8, max_step_frames=16, bucket_prefill=bucketed)
     for i, p in enumerate(prefixes):
         engine.open(f"s{i}", codes[:p])
     back_rows = _counting(engine.model, "back")
     try:
-        out = engine.step({f"s{i}": codes[p : p + 3] for i, p in enumerate(prefixes)})
+        out = engine.decode({f"s{i}": codes[p : p + 3] for i, p in enumerate(prefixes)})
     finally:
         del engine.model.back  # the instance attribute; the class method is back
     assert back_rows == [8 if bucketed else 6, 7]  # the prefill pass (6 prefixed rows), then the step
@@ -282,32 +279,29 @@ def test_prefixes_of_streams_opening_together_are_prefilled_in_one_batch(small64
 def test_bucketed_prefill_uses_only_the_shapes_a_graph_runner_captured(small64):
     """On CUDA the prefill's front and back passes replay graphs captured at start for
     ``prefill_shapes()``: every pass must have one of those shapes (else a request would wait
-    for a capture or a cuDNN autotune), and a runner without a graph for it (``None``) falls
-    back to the eager pass. The audio is exact either way."""
+    for a capture or a cuDNN autotune). The audio is exact."""
+    from code2wav.stream.pool import StatePool
+    from code2wav.stream.runner import EagerRunner
+
     m, codes, ref = small64
-    engine = StreamEngine(m, max_streams=8, max_step_frames=16, max_batch_frames=40)
-    engine.bucket_prefill = True
     seen: list[tuple[str, int, int]] = []
 
-    class Runner:  # a GraphRunner stand-in: records the shapes; "replays" front, has no back graph
-        def __call__(self, codes, slots, n_new):
-            return engine.pool.run(m, codes, slots, n_new)
-
+    class Runner(EagerRunner):  # a GraphRunner stand-in: records the shapes of the passes it runs
         def prefill(self, kind, x, slots, n_new):
             seen.append((kind, x.shape[0], x.shape[-1]))
-            return engine.pool.front(m, x, slots, n_new) if kind == "front" else None
+            return super().prefill(kind, x, slots, n_new)
 
-    engine.runner = Runner()
+    engine = StreamEngine(m, runner=Runner(m, StatePool(m, 8)), max_step_frames=16, max_batch_frames=40, bucket_prefill=True)
     prefixes = [1, 3, 9, 10, 40, 0, 17]
     for i, p in enumerate(prefixes):
         engine.open(f"s{i}", codes[:p])
-    out = engine.step({f"s{i}": codes[p : p + 2] for i, p in enumerate(prefixes)})
+    out = engine.decode({f"s{i}": codes[p : p + 2] for i, p in enumerate(prefixes)})
     for i, p in enumerate(prefixes):
         assert max_err(out[f"s{i}"], ref[p * SPF : (p + 2) * SPF]) <= 1e-9, (i, p)
     shapes = set(engine.prefill_shapes())
     assert {kind for kind, _, _ in seen} == {"front", "back"}
     assert set(seen) <= shapes, set(seen) - shapes
-    assert max(b for _, b, _ in shapes) * engine.back_context <= 40  # within the frame budget
+    assert max(b for _, b, _ in shapes) * engine.prefill.back_context <= 40  # within the frame budget
 
 
 def test_prefill_batches_respect_the_frame_budget(small64):
@@ -319,7 +313,7 @@ def test_prefill_batches_respect_the_frame_budget(small64):
         engine.open(f"s{i}", codes[: 12 + i])
     back_rows = _counting(engine.model, "back")
     try:
-        out = engine.step({f"s{i}": codes[12 + i : 14 + i] for i in range(5)})
+        out = engine.decode({f"s{i}": codes[12 + i : 14 + i] for i in range(5)})
     finally:
         del engine.model.back
     assert back_rows[:3] == [2, 2, 1]
@@ -330,21 +324,21 @@ def test_prefill_batches_respect_the_frame_budget(small64):
 def test_failed_prefill_ends_only_the_prefixed_streams(small64):
     """If the batched prefill fails (e.g. the device runs out of memory), the streams waiting
     for it get a ``prefill_failed`` error and are ended; the other rows of the step decode."""
-    from code2wav.stream.engine import StreamError
+    from code2wav.stream.rows import StreamError
 
     m, codes, ref = small64
     engine = StreamEngine(m, max_streams=3)
     engine.open("plain")
     engine.open("p1", codes[:20])
     engine.open("p2", codes[:5])
-    inner = engine._prefill
+    inner = engine.prefill
 
     def failing(streams):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
 
-    engine._prefill = failing
-    out = engine.step({"plain": codes[:4], "p1": codes[20:24], "p2": codes[5:9]})
-    engine._prefill = inner
+    engine.prefill = failing
+    out = engine.decode({"plain": codes[:4], "p1": codes[20:24], "p2": codes[5:9]})
+    engine.prefill = inner
     assert max_err(out["plain"], ref[: 4 * SPF]) <= 1e-9
     for rid in ("p1", "p2"):
         assert isinstance(out[rid], StreamError) and out[rid].code == "prefill_failed"
@@ -399,11 +393,12 @@ def test_folded_conv_equals_the_dilated_conv(monkeypatch, layout, dilation, fold
 
 @pytest.mark.parametrize("kernel,dilation", [(7, 1), (7, 3), (7, 9), (3, 1), (1, 1)])
 def test_small_conv_as_gemm_equals_the_conv(monkeypatch, kernel, dilation):
-    """A full conv whose output has at most ``CausalConv1d.gemm_rows`` samples (channels-last
+    """A full conv whose output has at most ``LayerChoices.conv_gemm_rows`` samples (channels-last
     weight and input) runs as one GEMM over its im2col rows: equal (float64) to the conv, whole
     and stepped with its history from the pool, for several batch rows, with and without its
     bias, the output channels-last. Above the limit it stays a conv."""
     from code2wav.kernels.snake import is_channels_last, to_layout
+    from code2wav.model.choices import LayerChoices
     from code2wav.model.layers import CausalConv1d, channels_last_
     from code2wav.model.streaming import Step
 
@@ -417,10 +412,9 @@ def test_small_conv_as_gemm_equals_the_conv(monkeypatch, kernel, dilation):
     calls = []
     real = CausalConv1d._as_gemm
     monkeypatch.setattr(CausalConv1d, "_as_gemm", lambda self, *a: calls.append(1) or real(self, *a))
-    monkeypatch.setattr(CausalConv1d, "fold", "none")
 
     def run(rows: int):
-        monkeypatch.setattr(CausalConv1d, "gemm_rows", rows)
+        conv.choices = LayerChoices(conv_fold="none", conv_gemm_rows=rows)
         with torch.no_grad():
             whole = conv(x, None)
             no_bias = conv(x, None, add_bias=False)
@@ -454,7 +448,7 @@ def _ragged_pair_is_exact(m, codes, ref) -> None:
     got = {"a": [], "b": []}
     at = {"a": 0, "b": 30}
     for size_a, size_b in ((1, 25), (25, 3), (7, 25), (30, 1)):
-        out = engine.step({"a": codes[at["a"] : at["a"] + size_a], "b": codes[at["b"] : at["b"] + size_b]})
+        out = engine.decode({"a": codes[at["a"] : at["a"] + size_a], "b": codes[at["b"] : at["b"] + size_b]})
         for rid, size in (("a", size_a), ("b", size_b)):
             got[rid].append(out[rid])
             at[rid] += size
@@ -466,14 +460,14 @@ def test_streams_with_small_convs_as_gemms_match_the_forward(small64, monkeypatc
     """The whole decoder channels-last with every full conv of a small step run as a GEMM:
     streams with and without a prefix, batched with ragged chunks, still equal the float64
     forward."""
+    from code2wav.model.choices import LayerChoices
     from code2wav.model.layers import CausalConv1d
 
     m, codes, ref = small64
-    cl = copy.deepcopy(m).channels_last()
+    cl = copy.deepcopy(m).channels_last().set_layer_choices(LayerChoices(conv_gemm_rows=1 << 30))
     calls = []
     real = CausalConv1d._as_gemm
     monkeypatch.setattr(CausalConv1d, "_as_gemm", lambda self, *a: calls.append(1) or real(self, *a))
-    monkeypatch.setattr(CausalConv1d, "gemm_rows", 1 << 30)
     _ragged_pair_is_exact(cl, codes, ref)
     assert calls
 
@@ -481,10 +475,11 @@ def test_streams_with_small_convs_as_gemms_match_the_forward(small64, monkeypatc
 @pytest.mark.parametrize("stride,kernel", [(2, 2), (3, 6), (8, 16)])
 def test_convtranspose_as_gemm_equals_the_transposed_conv(monkeypatch, stride, kernel):
     """A causal ConvTranspose (k = s or 2s) over channels-last input may run as GEMMs on its rows
-    (``CausalConvTranspose1d.as_gemm``): equal (float64) to the transposed conv, whole and
+    (``LayerChoices.convt_gemm``): equal (float64) to the transposed conv, whole and
     stepped with its history from the pool, for several batch rows (the GEMM runs over all of
     them at once), with the output channels-last."""
     from code2wav.kernels.snake import is_channels_last, to_layout
+    from code2wav.model.choices import LayerChoices
     from code2wav.model.layers import CausalConvTranspose1d, SnakeBeta, channels_last_
     from code2wav.model.streaming import Step
 
@@ -503,7 +498,7 @@ def test_convtranspose_as_gemm_equals_the_transposed_conv(monkeypatch, stride, k
     monkeypatch.setattr(CausalConvTranspose1d, "_as_gemm", lambda self, xx: calls.append(1) or real(self, xx))
 
     def run(on: bool):
-        monkeypatch.setattr(CausalConvTranspose1d, "as_gemm", on)
+        convt.choices = LayerChoices(convt_gemm=on)
         with torch.no_grad():
             whole = convt(x, None, act)
             pool = {convt.state_key: torch.zeros(4, 6, convt.history, dtype=torch.float64)}
@@ -524,11 +519,10 @@ def test_streams_with_convtranspose_as_gemm_match_the_forward(small64, monkeypat
     """The whole decoder channels-last with every ConvTranspose as GEMMs (none falls back):
     streams with and without a prefix, batched with ragged chunks, still equal the float64
     forward."""
-    from code2wav.model.layers import CausalConvTranspose1d
+    from code2wav.model.choices import LayerChoices
 
     m, codes, ref = small64
-    cl = copy.deepcopy(m).channels_last()
-    monkeypatch.setattr(CausalConvTranspose1d, "as_gemm", True)
+    cl = copy.deepcopy(m).channels_last().set_layer_choices(LayerChoices(convt_gemm=True))
     def no_transposed_conv(*args, **kwargs):
         raise AssertionError("a ConvTranspose fell back to the transposed conv")
 
@@ -545,7 +539,7 @@ def test_back_context_is_exactly_enough(small64):
     expect = ref[100 * SPF : 110 * SPF]
     for ctx, exact in ((k, True), (k - 1, False)):
         engine = StreamEngine(m, max_streams=1)
-        engine.back_context = ctx
+        engine.prefill.back_context = ctx  # the prefill's horizon, one frame short in the second run
         engine.open("s", codes[:100])
         err = max_err(engine.push("s", codes[100:110]), expect)
         assert (err <= 1e-9) == exact, (ctx, err)
@@ -556,7 +550,7 @@ def test_baseline_modes(small64, mode):
     """``full`` re-decodes everything: exact. ``windowed`` keeps 72 frames of left context: exact
     while the whole history fits in the window, and measurably off once it does not."""
     m, codes, ref = small64
-    out = stream_alone(StreamEngine(m, max_streams=1, mode=mode), "s", codes, 0, 120, [25])
+    out = stream_alone(BaselineEngine(m, mode, max_streams=1), "s", codes, 0, 120, [25])
     err_inside = max_err(out[: 72 * SPF], ref[: 72 * SPF])
     err_after = max_err(out[100 * SPF :], ref[100 * SPF : 120 * SPF])
     assert err_inside <= 1e-9
@@ -588,7 +582,7 @@ def test_float16_overflow_ends_only_that_stream():
     non-finite gets ``non_finite_audio`` and is ended (its state holds inf/NaN now); the other
     rows of the same step decode normally and stay open. (float16 throughout, so the overflow
     comes from the codebook sum, per row.)"""
-    from code2wav.stream.engine import StreamError
+    from code2wav.stream.rows import StreamError
 
     m = copy.deepcopy(model(SMALL, torch.float16, low_rate_dtype=torch.float16))
     m.quantizer.table = m.quantizer.table.clone()
@@ -602,7 +596,7 @@ def test_float16_overflow_ends_only_that_stream():
     engine = StreamEngine(m, max_streams=2)
     engine.open("good")
     engine.open("bad")
-    out = engine.step({"good": good, "bad": bad})
+    out = engine.decode({"good": good, "bad": bad})
     assert isinstance(out["bad"], StreamError) and out["bad"].code == "non_finite_audio"
     assert "'bad'" in str(out["bad"])
     assert torch.isfinite(out["good"]).all() and out["good"].shape == (6 * SPF,)

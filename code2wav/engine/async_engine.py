@@ -1,10 +1,10 @@
-"""Continuous batching over a :class:`StreamEngine`, for asyncio callers (the server, the bench).
+"""Continuous batching over an engine (a :class:`StreamEngine`), for asyncio callers (the server, the bench).
 
 Streams push chunks at any time. One worker thread (the decoder is not thread-safe, and the
 event loop must stay free) takes the oldest pending chunk of every stream into one continuous
-step. The step runs batched forwards (groups) back to back; before each group it takes the chunks
-that arrived meanwhile, so a new stream's first chunk, or a stream's next chunk once its audio is
-back, waits for one group, not for a whole step of every other stream. Each chunk's future
+decode. The decode runs steps back to back; before each step it takes the chunks that arrived
+meanwhile, so a new stream's first chunk, or a stream's next chunk once its audio is back, waits
+for one step, not for every other stream's chunks. Each chunk's future
 resolves as soon as its row's audio is on the host. One chunk per stream in flight keeps
 per-stream order. Queues are bounded: a stream with too many chunks queued is refused, never
 buffered without limit. Opening, finishing and aborting a stream are host bookkeeping and run on
@@ -12,8 +12,8 @@ the event loop, never queued behind a step.
 
 A push wakes the worker directly (a thread event), not through a scheduler task and an executor:
 on an idle engine that hand-off is on the first packet's path, once into the worker and once
-back to the loop, and each extra loop iteration or executor round trip there costs tens of
-microseconds of a ~1.5 ms first packet.
+back to the loop, and each extra loop iteration or executor round trip there adds tens of
+microseconds to it.
 
 A push may carry an ``encode`` function (e.g. audio -> PCM bytes). It runs on the worker as soon
 as the row's audio is ready, so per-chunk conversion stays off the event loop, which is the
@@ -32,7 +32,8 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from code2wav.stream.engine import StreamEngine, StreamError
+from code2wav.stream.lifecycle import Lifecycle
+from code2wav.stream.rows import StreamError
 
 
 class Backpressure(StreamError):
@@ -44,7 +45,7 @@ class Backpressure(StreamError):
 
 @dataclass
 class EngineStats:
-    steps: int = 0  # batched forwards (groups)
+    steps: int = 0  # batched forwards
     rows: int = 0  # rows over all of them (a chunk cut into pieces counts once per piece)
     chunks: int = 0  # chunks decoded and handed over
     frames: int = 0  # frames in them
@@ -59,8 +60,8 @@ Encode = Callable[[Tensor], Any]  # a chunk's audio -> what its future resolves 
 
 
 class AsyncEngine:
-    def __init__(self, core: StreamEngine, max_pending_chunks: int = 16, batch_wait_s: float = 0.0, keep_step_times: int = 100_000):
-        self.core = core
+    def __init__(self, engine: Lifecycle, max_pending_chunks: int = 16, batch_wait_s: float = 0.0, keep_step_times: int = 100_000):
+        self.engine = engine  # the engine it drives: a StreamEngine (or a BaselineEngine)
         self.max_pending_chunks = max_pending_chunks
         self.batch_wait_s = batch_wait_s  # >0: wait a little for more rows (throughput mode)
         self.stats = EngineStats()
@@ -79,7 +80,7 @@ class AsyncEngine:
         if self._thread is None:
             self._loop = asyncio.get_running_loop()
             self._stopping = False
-            self.core.on_group.append(self._on_group)
+            self.engine.on_step.append(self._on_step)
             self._thread = threading.Thread(target=self._work, name="code2wav-step", daemon=True)
             self._thread.start()
 
@@ -87,15 +88,15 @@ class AsyncEngine:
         for rid in list(self._pending):  # streams still open are aborted: their state is freed
             self._fail_pending(rid, StreamError("shutdown", f"stream {rid!r}: engine stopped"))
             self._pending.pop(rid)
-            self.core.abort(rid)
+            self.engine.abort(rid)
         if self._thread is not None:
             self._stopping = True
             self._wake.set()
-            # A step still running ends (nothing is left to take); joined off the loop, whose
-            # callbacks that step may still schedule.
+            # A decode still running ends (nothing is left to take); joined off the loop, whose
+            # callbacks that decode may still schedule.
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
             self._thread = None
-            self.core.on_group.remove(self._on_group)
+            self.engine.on_step.remove(self._on_step)
 
     async def __aenter__(self) -> "AsyncEngine":
         await self.start()
@@ -109,7 +110,7 @@ class AsyncEngine:
         a step runs). The prefix's prefill runs when the stream's first chunk joins a step,
         batched with the other streams joining with it."""
         try:
-            self.core.open(request_id, prefix)
+            self.engine.open(request_id, prefix)
         except Exception as e:
             self.stats.record_error(getattr(e, "code", type(e).__name__))
             raise
@@ -125,7 +126,7 @@ class AsyncEngine:
         future of its result. Cancelling the future drops the chunk if its step has not begun."""
         q = self._pending.get(request_id)
         if q is None:
-            self.core._get(request_id)  # raises the precise error (unknown / ended)
+            self.engine.require(request_id)  # raises the precise error (unknown / ended)
             raise StreamError("unknown_request_id", f"no open stream {request_id!r}")
         if len(q) >= self.max_pending_chunks:
             self.stats.record_error("queue_full")
@@ -148,23 +149,23 @@ class AsyncEngine:
                 if q:
                     await asyncio.gather(*(f for _, f, _ in q), return_exceptions=True)
         finally:
-            if self._pending.pop(request_id, None) is not None and self.core.is_open(request_id):
-                self.core.finish(request_id)  # no frames left: frees the slot, nothing to decode
+            if self._pending.pop(request_id, None) is not None and self.engine.is_open(request_id):
+                self.engine.finish(request_id)  # no frames left: frees the slot, nothing to decode
                 self._zero_released_later()
         return audio
 
     async def abort(self, request_id: str) -> None:
         """Drop queued chunks and free the state now (e.g. the client disconnected). A chunk of
-        the stream that a running step holds still decodes; its result is dropped."""
+        the stream that a running decode holds still decodes; its result is dropped."""
         if request_id in self._pending:
             self._fail_pending(request_id, StreamError("aborted", f"stream {request_id!r} aborted"))
             self._pending.pop(request_id, None)
-        self.core.abort(request_id)
+        self.engine.abort(request_id)
         self._zero_released_later()
 
     def _zero_released_later(self) -> None:
         """Zero freed slots on the worker, off the next stream's first packet: one request at a
-        time (a continuous step may run for as long as the load lasts; it zeroes them too)."""
+        time (a continuous decode may run for as long as the load lasts; it zeroes them too)."""
         if not self._zeroing_queued:
             self._zeroing_queued = True
             self._wake.set()
@@ -194,7 +195,7 @@ class AsyncEngine:
                     encoders[rid] = encode
         return batch
 
-    def _on_group(self, seconds: float, rows: int, frames: int) -> None:  # on the worker, after each batched forward
+    def _on_step(self, seconds: float, rows: int, frames: int) -> None:  # on the worker, after each step
         self.stats.steps += 1
         self.stats.rows += rows
         if len(self.stats.step_seconds) < self._keep:
@@ -204,10 +205,10 @@ class AsyncEngine:
 
     def _work(self) -> None:
         """The worker thread: sleeps until a push (or a freed slot) wakes it, then runs one
-        continuous step over every stream with a chunk pending, until none is left."""
+        continuous decode over every stream with a chunk pending, until none is left."""
         loop = self._loop
         assert loop is not None
-        spf = self.core.cfg.samples_per_frame
+        spf = self.engine.cfg.samples_per_frame
         while True:
             self._wake.wait()
             self._wake.clear()  # before taking: a push after this point sets it again
@@ -216,7 +217,7 @@ class AsyncEngine:
             if self._zeroing_queued:
                 self._zeroing_queued = False
                 try:
-                    self.core.zero_released()
+                    self.engine.zero_released()
                 except Exception:  # a device failure: the next admission zeroes them (or fails its rows)
                     pass
             if self.batch_wait_s > 0:
@@ -246,7 +247,7 @@ class AsyncEngine:
 
             more = lambda in_flight=in_flight, futures=futures, encoders=encoders: self._take(in_flight, futures, encoders)  # noqa: E731
             try:
-                self.core.step(batch, on_ready, more)
+                self.engine.decode(batch, on_ready, more)
             except Exception as e:  # a device failure fails the rows still held, not the worker
                 for fut in list(futures.values()):
                     loop.call_soon_threadsafe(self._resolve, fut, e)

@@ -4,7 +4,7 @@ A step is captured once per (batch bucket, frames bucket) pair. At run time the 
 padded up to the smallest bucket that holds it: extra frames are causal padding (discarded),
 extra rows point at the pool's scratch slot with zero new frames. State is gathered and
 scattered in place inside the graph, so a replay is the whole step. Shapes no bucket holds run
-eagerly, and the reason is counted.
+eagerly (the :class:`EagerRunner` it extends), and the reason is counted.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from torch import Tensor
 
 from code2wav.model.decoder import Decoder
 from code2wav.stream.pool import StatePool, packed_base, packed_inputs
+from code2wav.stream.runner import EagerRunner
 
 DEFAULT_FRAMES = (1, 2, 4, 8, 16, 25, 32)
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -34,9 +35,9 @@ def use_expandable_segments() -> None:
 
 
 def default_batch_frames() -> int:
-    """Padded frames per batched forward (rows x frames) that keep the graph pool under 1 GiB.
-    H200, bf16: with expandable segments 480 (19 x 25-frame rows; pool 762 MiB; c=256 3,543x),
-    without them 256 (pool 1014 MiB; 3,287x)."""
+    """Padded frames per step (rows x frames) that keep the graph pool under 1 GiB in bf16 on an
+    H200: fragmentation without expandable segments costs about half the budget (the measured
+    pool sizes are in BENCHMARKS.md; ``bash bench/gpu.sh ab max_batch_frames=N`` is the A/B)."""
     conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower()
     return 480 if "expandable_segments:true" in conf else 256
 
@@ -71,9 +72,9 @@ class _Graph:
     packed: Tensor | None = None  # step graphs: one int64 buffer that codes, slots and n_new view
 
 
-class GraphRunner:
-    """Drop-in ``StreamEngine.runner`` that replays captured graphs (and, for the engine's
-    batched prefill, graphs of the front and back halves alone)."""
+class GraphRunner(EagerRunner):
+    """A runner that replays captured graphs (and, for the engine's batched prefill, graphs of
+    the front and back halves alone); what no graph holds runs eagerly, counted by reason."""
 
     def __init__(
         self,
@@ -83,7 +84,7 @@ class GraphRunner:
         frame_sizes: tuple[int, ...] = DEFAULT_FRAMES,
         max_batch_frames: int | None = None,  # default_batch_frames()
     ):
-        self.model, self.pool = model, pool
+        super().__init__(model, pool)
         self.device = next(model.parameters()).device
         if self.device.type != "cuda":
             raise ValueError("CUDA graphs need the model on a CUDA device")
@@ -154,7 +155,7 @@ class GraphRunner:
             reason = "stream capture active"
         if reason is not None:  # eager, counted
             self.fallbacks[reason] += 1
-            return self.pool.run(self.model, codes, slots, n_new)
+            return super().__call__(codes, slots, n_new)
         g = self.graphs[shape]
         staged = packed_base(codes, slots, n_new) if shape == (B, T) and not codes.is_cuda else None
         if staged is not None:  # the engine staged the step at the graph's shape: one copy up
@@ -184,13 +185,13 @@ class GraphRunner:
         self.padded_frames += shape[0] * shape[1]
         return g.out[:B, : T * self.model.config.samples_per_frame]
 
-    def prefill(self, kind: str, x: Tensor, slots: Tensor, n_new: Tensor) -> Tensor | None:
-        """Replay the ``kind`` ("front"/"back") prefill graph of exactly ``x``'s shape; None (and
-        a counted fallback) where none was captured: the caller runs the pass eagerly."""
+    def prefill(self, kind: str, x: Tensor, slots: Tensor, n_new: Tensor) -> Tensor:
+        """Replay the ``kind`` ("front"/"back") prefill graph of exactly ``x``'s shape; where none
+        was captured, the eager pass (a counted fallback)."""
         g = self.prefill_graphs.get((kind, x.shape[0], x.shape[-1]))
         if g is None or torch.cuda.is_current_stream_capturing():
             self.fallbacks[f"{kind} prefill shape" if g is None else "stream capture active"] += 1
-            return None
+            return super().prefill(kind, x, slots, n_new)
         for dst, src in zip(g.inputs, (x, slots, n_new)):
             dst.copy_(src, non_blocking=True)
         g.graph.replay()
@@ -207,7 +208,7 @@ class GraphRunner:
         rows = [b for b, t in self.graphs if t >= frames]
         return max(rows) if rows else None
 
-    def stats(self) -> dict[str, object]:
+    def stats(self) -> dict[str, object] | None:
         return {"graphs": len(self.graphs), "prefill_graphs": len(self.prefill_graphs), "hits": self.hits,
                 "fallbacks": dict(self.fallbacks), "frames": self.frames, "padded_frames": self.padded_frames,
                 "pool_bytes": self.pool_bytes}

@@ -33,7 +33,7 @@ from torch import Tensor
 from code2wav.codes import CodesError, as_frames
 from code2wav.engine.async_engine import AsyncEngine
 from code2wav.server.audio import HTTP_FORMATS, MEDIA_TYPES, RAW_FORMATS, concat, encode_file, raw_bytes, wav_header
-from code2wav.stream.engine import StreamError
+from code2wav.stream.rows import StreamError
 from code2wav.stream.pool import PoolFull
 
 log = logging.getLogger("code2wav.server")
@@ -153,8 +153,8 @@ class _Metrics:
         engine.on_step.append(lambda seconds, rows, frames: self.step_seconds.observe(seconds))
 
     def collect(self):
-        core, stats = self.engine.core, self.engine.stats
-        in_use = core.pool.in_use if core.pool is not None else core.active
+        core, stats = self.engine.engine, self.engine.stats
+        in_use = core.slots_in_use
         yield GaugeMetricFamily("code2wav_active_streams", "Streams open in the engine", value=core.active)
         yield GaugeMetricFamily("code2wav_pool_slots_in_use", "State-pool slots in use", value=in_use)
         yield GaugeMetricFamily("code2wav_pool_slots_total", "State-pool slots in all", value=core.max_streams)
@@ -163,9 +163,8 @@ class _Metrics:
         yield CounterMetricFamily("code2wav_chunks", "Stream chunks decoded and handed over", value=stats.chunks)
         yield CounterMetricFamily("code2wav_decoded_frames", "Frames decoded", value=stats.frames)
         yield _by_label("code2wav_engine_errors", "Errors raised inside the engine, by code", "code", stats.errors)
-        graphs = getattr(core.runner, "stats", None)  # a GraphRunner (CUDA); the eager runner has none
-        if callable(graphs):
-            g = graphs()
+        g = core.runner_stats()  # a GraphRunner's (CUDA); the eager runner has none
+        if g is not None:
             yield CounterMetricFamily("code2wav_graph_replays", "Batched forwards and prefill passes replayed from CUDA graphs", value=g["hits"])
             yield _by_label("code2wav_graph_fallbacks", "Passes run eagerly for want of a captured graph, by reason", "reason", g["fallbacks"])
             yield CounterMetricFamily("code2wav_graph_frames", "Real frames in replayed step graphs", value=g["frames"])
@@ -188,7 +187,7 @@ def _by_label(name: str, doc: str, label: str, counts: dict) -> CounterMetricFam
 def create_app(engine: AsyncEngine, api_key: str | None = None, limits: Limits | None = None) -> FastAPI:
     limits = limits or Limits()
     metrics = _Metrics(engine)
-    cfg = engine.core.cfg
+    cfg = engine.engine.cfg
     Q, SIZE, SPF, SR = cfg.num_quantizers, cfg.codebook_size, cfg.samples_per_frame, cfg.sample_rate
 
     @asynccontextmanager
@@ -244,7 +243,7 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: Limits |
 
     @app.get("/health")
     async def health():
-        core = engine.core
+        core = engine.engine
         return {"status": "ok", "active_streams": core.active, "max_streams": core.max_streams, "sample_rate": SR}
 
     @app.get("/metrics")
@@ -387,7 +386,7 @@ class _WsSession:
     def __init__(self, ws: WebSocket, engine: AsyncEngine, limits: Limits, metrics: _Metrics, authorized, abort_quietly, open_stream):
         self.ws, self.engine, self.limits, self.metrics = ws, engine, limits, metrics
         self.authorized, self.abort_quietly, self.open_stream = authorized, abort_quietly, open_stream
-        cfg = engine.core.cfg
+        cfg = engine.engine.cfg
         self.Q, self.SIZE = cfg.num_quantizers, cfg.codebook_size
         self.rid: str | None = None
         self.opened = self.finished = False
@@ -510,7 +509,7 @@ class _WsSession:
         self.encode = functools.partial(raw_bytes, fmt=fmt)
         self.sample_bytes = 2 if fmt == "pcm_s16le" else 4
         self.t_opened = time.perf_counter()
-        await self._send(lambda: self.ws.send_json({"type": "opened", "request_id": rid, "sample_rate": self.engine.core.cfg.sample_rate, "format": fmt}))
+        await self._send(lambda: self.ws.send_json({"type": "opened", "request_id": rid, "sample_rate": self.engine.engine.cfg.sample_rate, "format": fmt}))
 
     def _chunk(self, kind: str, data: object) -> Tensor | None:
         """A push message's frames, or None for ``end``."""
@@ -582,7 +581,7 @@ class _WsSession:
                 self.t_first_out = time.perf_counter()
                 self.metrics.ttfp_seconds.observe(self.t_first_out - (self.t_first_in or self.t_first_out))
             n = len(data) // self.sample_bytes
-            self.frames_out += n // self.engine.core.cfg.samples_per_frame
+            self.frames_out += n // self.engine.engine.cfg.samples_per_frame
             self.samples += n
         await self.engine.finish(self.rid)  # type: ignore[arg-type]
         self.finished = True

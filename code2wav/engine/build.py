@@ -1,0 +1,116 @@
+"""The one place an engine is assembled: :class:`EngineConfig` holds every knob, and
+:func:`build_engine` turns it into a ready engine (model loaded, state pool, runner, graphs
+captured). The CLI, the bench, the server and the tests build engines here, so a knob has one
+name and one default wherever it is set (``code2wav serve/bench --set FIELD=VALUE``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from code2wav.engine.async_engine import AsyncEngine
+from code2wav.engine.graphs import DEFAULT_FRAMES, GraphRunner, default_batch_frames
+from code2wav.model.choices import LayerChoices
+from code2wav.model.config import DTYPES
+from code2wav.model.decoder import Decoder
+from code2wav.stream.baselines import BASELINES, BaselineEngine
+from code2wav.stream.engine import StreamEngine
+from code2wav.stream.lifecycle import Lifecycle
+from code2wav.stream.pool import StatePool
+from code2wav.stream.runner import EagerRunner
+from code2wav.stream.schedule import SchedulePolicy
+
+MODES: tuple[str, ...] = ("exact", *BASELINES)
+# Eager steps have no bucket to fit: longer pieces and bigger steps amortise the per-step host
+# work. With graphs a piece is at most the largest captured frames bucket.
+EAGER_STEP_FRAMES = 64
+EAGER_BATCH_FRAMES = 1024
+
+
+@dataclass
+class EngineConfig:
+    """Every knob of an engine. ``None`` means "the default for this device" (see the methods)."""
+
+    # -- the model
+    model: str | None = None  # tokenizer dir, full Qwen3-TTS model dir or hub id; None: embedded default
+    device: str = "cpu"
+    dtype: str = "float32"  # the conv stack's, the audio's and the state pool's
+    low_rate_dtype: str | None = None  # stages before the conv stack; None: float32 under a half dtype
+    channels_last: bool = True  # CUDA: the conv stack in [B, L, C] memory (load_decoder)
+    layers: LayerChoices = field(default_factory=LayerChoices)
+    # -- streams
+    mode: str = "exact"  # exact | windowed | full (the last two: benchmark baselines)
+    max_streams: int = 64  # state-pool slots
+    max_prefix_frames: int = 4096
+    idle_timeout: float | None = None  # seconds; streams idle longer are aborted
+    # -- steps
+    graphs: bool | None = None  # replay CUDA graphs; None: on CUDA (exact mode)
+    max_step_frames: int | None = None  # frames a row launches per step; None: see step_frames()
+    max_batch_frames: int | None = None  # padded frames per step; None: see batch_frames()
+    schedule: SchedulePolicy = field(default_factory=SchedulePolicy)
+    # -- the async engine
+    max_pending_chunks: int = 16  # chunks one stream may have queued (more: queue_full)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        for name in ("dtype", "low_rate_dtype"):
+            value = getattr(self, name)
+            if value is not None and value not in DTYPES:
+                raise ValueError(f"{name} must be one of {DTYPES}, got {value!r}")
+        for name in ("max_streams", "max_prefix_frames", "max_pending_chunks", "max_step_frames", "max_batch_frames"):
+            value = getattr(self, name)
+            if value is not None and value < (0 if name == "max_prefix_frames" else 1):
+                raise ValueError(f"{name} must be positive, got {value}")
+        if self.idle_timeout is not None and self.idle_timeout <= 0:
+            raise ValueError(f"idle_timeout must be positive or None, got {self.idle_timeout}")
+        if self.graphs and not self.on_cuda:
+            raise ValueError("graphs=True needs a CUDA device")
+
+    @property
+    def on_cuda(self) -> bool:
+        return torch.device(self.device).type == "cuda"
+
+    def use_graphs(self) -> bool:
+        return self.mode == "exact" and (self.on_cuda if self.graphs is None else self.graphs)
+
+    def step_frames(self) -> int:
+        return self.max_step_frames or (max(DEFAULT_FRAMES) if self.use_graphs() else EAGER_STEP_FRAMES)
+
+    def batch_frames(self) -> int:
+        """Read ``PYTORCH_CUDA_ALLOC_CONF`` (graphs.default_batch_frames): set it first."""
+        return self.max_batch_frames or (default_batch_frames() if self.use_graphs() else EAGER_BATCH_FRAMES)
+
+
+def load_model(cfg: EngineConfig) -> Decoder:
+    """The decoder ``cfg`` names, on its device, in its dtypes, running its layer choices."""
+    from code2wav.model.loading import load_decoder
+
+    return load_decoder(cfg.model, device=cfg.device, dtype=getattr(torch, cfg.dtype), channels_last=cfg.channels_last,
+                        low_rate_dtype=getattr(torch, cfg.low_rate_dtype) if cfg.low_rate_dtype else None, layers=cfg.layers)
+
+
+def build_engine(cfg: EngineConfig, model: Decoder | None = None) -> Lifecycle:
+    """A ready engine: a :class:`StreamEngine` for ``exact`` (graphs captured when
+    ``cfg.use_graphs()``), a :class:`BaselineEngine` otherwise. ``model``: an already loaded
+    decoder to use (it keeps its own device, dtypes and layer choices; else ``load_model(cfg)``)."""
+    model = model if model is not None else load_model(cfg)
+    if cfg.mode != "exact":
+        return BaselineEngine(model, cfg.mode, cfg.max_streams, cfg.batch_frames(), cfg.idle_timeout,  # type: ignore[arg-type]
+                              cfg.max_prefix_frames)
+    pool = StatePool(model, cfg.max_streams)
+    graphs = cfg.use_graphs()
+    runner = GraphRunner(model, pool, max_batch_frames=cfg.batch_frames()) if graphs else EagerRunner(model, pool)
+    engine = StreamEngine(model, runner=runner, max_step_frames=cfg.step_frames(), max_batch_frames=cfg.batch_frames(),
+                          idle_timeout=cfg.idle_timeout, max_prefix_frames=cfg.max_prefix_frames, policy=cfg.schedule)
+    if graphs:
+        runner.capture(engine.prefill_shapes())  # type: ignore[union-attr]
+    return engine
+
+
+def build_async_engine(cfg: EngineConfig, model: Decoder | None = None) -> AsyncEngine:
+    """``build_engine``, driven by one worker thread for asyncio callers (start it with
+    ``async with``)."""
+    return AsyncEngine(build_engine(cfg, model), max_pending_chunks=cfg.max_pending_chunks)

@@ -1,0 +1,92 @@
+"""The CLI's files: codes read from ``.npy``, audio written as ``.wav``/``.flac``/``.npy``.
+
+Every problem with a file is a :class:`CliError` naming the file, raised before any weights load
+where it can be.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from code2wav.options import CliError
+
+OUTPUT_KINDS = (".wav", ".flac", ".npy")
+
+
+def valid_frames(arr: np.ndarray, path: str, num_quantizers: int, codebook_size: int, what: str = "codes") -> np.ndarray:
+    """Check an integer ``[F, Q]`` array read from ``path``; return its frames, trailing ``-1`` padding dropped.
+
+    Range, shape and padding rules are ``code2wav.codes``'; this adds the CLI's stricter padding
+    marker (exactly ``-1`` in codebook 0) and names the file in the message."""
+    from code2wav.codes import CodesError, padded_batch
+
+    if arr.dtype.kind not in "iu":
+        raise CliError(f"{what} {path}: codes must be integers, got {arr.dtype}")
+    if arr.ndim != 2 or arr.shape[1] != num_quantizers:
+        raise CliError(f"{what} {path}: expected shape [frames, {num_quantizers}], got {list(arr.shape)}")
+    arr = arr.astype(np.int64)
+    bad = arr[:, 0][(arr[:, 0] < 0) & (arr[:, 0] != -1)]
+    if bad.size:
+        raise CliError(f"{what} {path}: code {int(bad[0])} outside [0, {codebook_size})")
+    try:
+        _, lens = padded_batch(arr, num_quantizers, codebook_size)
+    except CodesError as e:
+        raise CliError(f"{what} {path}: {e}") from None
+    return np.ascontiguousarray(arr[: int(lens[0])])
+
+
+def read_npy(path: str, what: str) -> np.ndarray:
+    p = Path(path)
+    if not p.exists():
+        raise CliError(f"{what} {path}: no such file")
+    if not p.is_file():
+        raise CliError(f"{what} {path}: not a file")
+    try:
+        arr = np.load(p, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CliError(f"{what} {path}: not a readable .npy file ({reason})") from None
+    if not isinstance(arr, np.ndarray):  # an .npz archive
+        arr.close()
+        raise CliError(f"{what} {path}: an .npz archive; expected one .npy array")
+    return arr
+
+
+def check_output(path: str) -> str:
+    """Validate an output path before any work is done; returns its kind (the extension)."""
+    p = Path(path)
+    kind = p.suffix.lower()
+    if kind not in OUTPUT_KINDS:
+        raise CliError(f"output {path}: unknown extension {p.suffix or '(none)'!r}; use one of {', '.join(OUTPUT_KINDS)}")
+    if not p.parent.is_dir():
+        raise CliError(f"output {path}: directory {p.parent} does not exist")
+    if p.is_dir():
+        raise CliError(f"output {path}: is a directory")
+    if kind != ".npy":
+        try:
+            import soundfile  # noqa: F401
+        except (ImportError, OSError):
+            raise CliError(f"output {path}: writing {kind} needs the soundfile package; install it or write .npy") from None
+    return kind
+
+
+def write_audio(path: str, kind: str, wav, sample_rate: int) -> None:
+    """``.wav``/``.flac``: 16-bit PCM; ``.npy``: the samples unquantized (bfloat16 as float32, exact)."""
+    import torch
+
+    if wav.dtype == torch.bfloat16:
+        wav = wav.float()
+    data = wav.detach().cpu().numpy()
+    try:
+        if kind == ".npy":
+            np.save(path, data)
+        else:
+            import soundfile as sf
+
+            if data.dtype == np.float16:  # soundfile takes float32/64 (exact for float16 values)
+                data = data.astype(np.float32)
+            sf.write(path, data, sample_rate, subtype="PCM_16", format=kind[1:].upper())
+    except (OSError, RuntimeError) as e:  # soundfile raises LibsndfileError (a RuntimeError)
+        raise CliError(f"output {path}: cannot write ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None

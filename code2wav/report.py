@@ -1,0 +1,78 @@
+"""A bench run's report: one :class:`Result` per mode, concurrency level and prefix, printed as
+a table and drawn as a plot (throughput and first packet against concurrent streams)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class Result:
+    mode: str
+    concurrency: int
+    prefix_frames: int
+    streams: int
+    audio_s: float
+    wall_s: float
+    throughput_x: float
+    step_p50_ms: float
+    step_p99_ms: float
+    ttfp_p50_ms: float
+    ttfp_p99_ms: float
+    chunk_p50_ms: float  # every chunk: push -> its audio (what a listener's buffer must cover)
+    chunk_p99_ms: float
+    steps: int
+    mem_weights_mb: float
+    mem_state_pool_mb: float
+    mem_graph_pool_mb: float
+    mem_peak_mb: float
+    graph_hits: int
+    graph_fallbacks: int
+    sustained_s: float = 0.0  # >0: workers opened streams back to back; a window this long was measured
+    pace: float = 0.0  # >0: talkers at this x real time; stall figures are the listeners'
+    stalled_pct: float = float("nan")  # streams whose playback the decoder stalled (> 1 ms in all)
+    stall_p99_ms: float = float("nan")  # per stream, playback stall the decoder added
+    padding_pct: float = float("nan")  # graphs: share of the replayed work (rows x frames) that was padding
+    rows_per_step: float = float("nan")  # mean rows per batched forward in the window
+    small_steps_pct: float = float("nan")  # exact modes: share of the window's step time in forwards of <= 8 padded frames a row
+    first_chunk_wait_ms: float = 0.0  # how long first chunks could wait to gather (SchedulePolicy.first_chunk_wait)
+
+
+def table(results: list[Result]) -> str:
+    head = (f"{'mode':<12}{'c':>5}{'pfx':>5}{'wait':>5}{'x RT':>9}{'step p50':>10}{'step p99':>10}{'TTFP p50':>10}{'TTFP p99':>10}{'chunk p99':>10}"
+            f"{'pad%':>6}{'rows':>6}{'small%':>7}{'stalled%':>9}{'stall p99':>10}{'pool MB':>9}{'graph MB':>9}{'peak MB':>9}")
+    lines = [head, "-" * len(head)]
+    for r in results:
+        lines.append(
+            f"{r.mode:<12}{r.concurrency:>5}{r.prefix_frames:>5}{r.first_chunk_wait_ms:>5.0f}{r.throughput_x:>9.1f}{r.step_p50_ms:>10.2f}{r.step_p99_ms:>10.2f}"
+            f"{r.ttfp_p50_ms:>10.2f}{r.ttfp_p99_ms:>10.2f}{r.chunk_p99_ms:>10.2f}{r.padding_pct:>6.1f}{r.rows_per_step:>6.1f}{r.small_steps_pct:>7.1f}{r.stalled_pct:>9.1f}{r.stall_p99_ms:>10.2f}{r.mem_state_pool_mb:>9.0f}"
+            f"{r.mem_graph_pool_mb:>9.0f}{r.mem_peak_mb:>9.0f}"
+        )
+    return "\n".join(lines)
+
+
+def plot(results: list[Result], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for mode, wait in dict.fromkeys((r.mode, r.first_chunk_wait_ms) for r in results):
+        rs = [r for r in results if (r.mode, r.first_chunk_wait_ms) == (mode, wait) and r.prefix_frames == results[0].prefix_frames]
+        label = mode if len({r.first_chunk_wait_ms for r in results}) == 1 else f"{mode}, first chunks wait {wait:g} ms"
+        a.plot([r.concurrency for r in rs], [r.throughput_x for r in rs], marker="o", label=label)
+        b.plot([r.concurrency for r in rs], [r.ttfp_p50_ms for r in rs], marker="o", label=label)
+    for ax, title in ((a, "throughput (x real time)"), (b, "time to first packet p50 (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("concurrent streams")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
