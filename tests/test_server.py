@@ -478,7 +478,8 @@ def test_metrics_show_the_graph_runner(ckpt):
     work and pool size; the counters follow what the runner did. (In-process, with a stand-in
     for the runner's bookkeeping: graphs need CUDA.)"""
     from code2wav.engine.async_engine import AsyncEngine
-    from code2wav.server.app import _Metrics
+    from code2wav.server.metrics import _Metrics
+    from code2wav.server.service import Service
 
     model = load_decoder(ckpt, device="cpu", dtype=torch.float32)
     core = StreamEngine(model, max_streams=2, max_step_frames=8, max_batch_frames=16)
@@ -504,7 +505,7 @@ def test_metrics_show_the_graph_runner(ckpt):
             await eng.open("a")
             await eng.push("a", torch.from_numpy(codes_of(5)))
             await eng.finish("a")
-            return _Metrics(eng).render().decode()
+            return _Metrics(Service(eng)).render().decode()
 
     text = asyncio.run(go())
     assert metric(text, "code2wav_graph_replays_total") == 1
@@ -518,7 +519,8 @@ def test_metrics_show_the_graph_runner(ckpt):
 
 async def _render(core) -> str:
     from code2wav.engine.async_engine import AsyncEngine
-    from code2wav.server.app import _Metrics
+    from code2wav.server.metrics import _Metrics
+    from code2wav.server.service import Service
 
     async with AsyncEngine(core) as eng:
-        return _Metrics(eng).render().decode()
+        return _Metrics(Service(eng)).render().decode()
