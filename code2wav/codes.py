@@ -57,6 +57,17 @@ def as_frames(
     return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.int64))
 
 
+def drop_trailing_padding(arr: np.ndarray) -> np.ndarray:
+    """The rows of an ``[F, Q]`` array before its trailing run of official ``-1`` padding.
+
+    A row is padding when its codebook-0 code is exactly ``-1`` (the official encoder pads each
+    item on the right that way). Only the trailing run is dropped: a ``-1`` row followed by a
+    real one stays, for ``as_frames`` to refuse. All padding gives zero rows. A view, not a copy.
+    """
+    real = np.flatnonzero(arr[:, 0] != -1)
+    return arr[: int(real[-1]) + 1 if real.size else 0]
+
+
 def padded_batch(codes: object, num_quantizers: int, codebook_size: int, lengths: object = None) -> tuple[Tensor, Tensor]:
     """Normalise an offline batch to ``([B, Q, F] int64 with padding clamped to 0, lengths [B])``.
 

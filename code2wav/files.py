@@ -16,11 +16,10 @@ OUTPUT_KINDS = (".wav", ".flac", ".npy")
 
 
 def valid_frames(arr: np.ndarray, path: str, num_quantizers: int, codebook_size: int, what: str = "codes") -> np.ndarray:
-    """Check an integer ``[F, Q]`` array read from ``path``; return its frames, trailing ``-1`` padding dropped.
-
-    Range, shape and padding rules are ``code2wav.codes``'; this adds the CLI's stricter padding
-    marker (exactly ``-1`` in codebook 0) and names the file in the message."""
-    from code2wav.codes import CodesError, padded_batch
+    """Check an integer ``[F, Q]`` array read from ``path``; return its frames, trailing ``-1``
+    padding dropped (``codes.drop_trailing_padding``: the one padding rule). Range and shape
+    rules are ``codes.as_frames``'; the messages name the file."""
+    from code2wav.codes import CodesError, as_frames, drop_trailing_padding
 
     if arr.dtype.kind not in "iu":
         raise CliError(f"{what} {path}: codes must be integers, got {arr.dtype}")
@@ -30,11 +29,13 @@ def valid_frames(arr: np.ndarray, path: str, num_quantizers: int, codebook_size:
     bad = arr[:, 0][(arr[:, 0] < 0) & (arr[:, 0] != -1)]
     if bad.size:
         raise CliError(f"{what} {path}: code {int(bad[0])} outside [0, {codebook_size})")
+    kept = drop_trailing_padding(arr)
+    if (kept[:, 0] == -1).any():
+        raise CliError(f"{what} {path}: -1 padding must come after every valid frame")
     try:
-        _, lens = padded_batch(arr, num_quantizers, codebook_size)
+        return as_frames(kept, num_quantizers, codebook_size, what, allow_empty=True).numpy()
     except CodesError as e:
-        raise CliError(f"{what} {path}: {e}") from None
-    return np.ascontiguousarray(arr[: int(lens[0])])
+        raise CliError(f"{what} {path}: {str(e).removeprefix(what + ': ')}") from None
 
 
 def read_npy(path: str, what: str) -> np.ndarray:

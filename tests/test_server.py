@@ -478,7 +478,8 @@ def test_metrics_show_the_graph_runner(ckpt):
     work and pool size; the counters follow what the runner did. (In-process, with a stand-in
     for the runner's bookkeeping: graphs need CUDA.)"""
     from code2wav.engine.async_engine import AsyncEngine
-    from code2wav.server.app import _Metrics
+    from code2wav.server.metrics import _Metrics
+    from code2wav.server.service import Service
 
     from code2wav.stream.pool import StatePool
     from code2wav.stream.runner import EagerRunner
@@ -505,7 +506,7 @@ def test_metrics_show_the_graph_runner(ckpt):
             await eng.open("a")
             await eng.push("a", torch.from_numpy(codes_of(5)))
             await eng.finish("a")
-            return _Metrics(eng).render().decode()
+            return _Metrics(Service(eng)).render().decode()
 
     text = asyncio.run(go())
     assert metric(text, "code2wav_graph_replays_total") == 1
@@ -519,7 +520,8 @@ def test_metrics_show_the_graph_runner(ckpt):
 
 async def _render(core) -> str:
     from code2wav.engine.async_engine import AsyncEngine
-    from code2wav.server.app import _Metrics
+    from code2wav.server.metrics import _Metrics
+    from code2wav.server.service import Service
 
     async with AsyncEngine(core) as eng:
-        return _Metrics(eng).render().decode()
+        return _Metrics(Service(eng)).render().decode()

@@ -1,0 +1,20 @@
+"""Clients for ``code2wav serve`` (protocol: ``docs/protocol.md``): :class:`Client` (sync) and
+:class:`AsyncClient`. HTTP goes through httpx, the WebSocket through the ``websockets`` package.
+
+    client = Client("http://127.0.0.1:8091", api_key=None)
+    wav_bytes = client.decode(codes, format="wav")
+    with client.stream(prefix=ref, format="f32le") as s:
+        s.push(codes[:4])
+        first = s.recv_audio()          # the 4 frames' audio as soon as it is decoded
+        s.push(codes[4:])
+        rest, done = s.end()            # the remaining audio, then the "done" message
+
+Errors the server reports raise :class:`ServerError` with its ``code`` and, on the WebSocket, the
+close code (``close_code``) or over HTTP the status (``status``).
+"""
+
+from code2wav.client.common import DEFAULT_URL, SAMPLE_DTYPES, ServerError, frames_bytes
+from code2wav.client.http import AsyncClient, Client
+from code2wav.client.ws import AsyncStream, Stream
+
+__all__ = ["DEFAULT_URL", "SAMPLE_DTYPES", "AsyncClient", "AsyncStream", "Client", "ServerError", "Stream", "frames_bytes"]

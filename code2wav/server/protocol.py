@@ -1,0 +1,112 @@
+"""The wire protocol's code side (mirrors ``docs/protocol.md``): error codes and their WebSocket
+close codes and HTTP statuses, the service's limits, and the mapping of engine and validation
+exceptions onto the protocol's errors.
+
+Every error a client sees is ``{"type": "error", "code": <machine code>, "message": <human>}``:
+on the WebSocket it is followed by a close with the code's close code (``WS_CLOSE``); over HTTP
+it is the body of a response with the code's status (``HTTP_STATUS``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from code2wav.codes import CodesError
+from code2wav.stream.rows import StreamError
+from code2wav.stream.pool import PoolFull
+
+log = logging.getLogger("code2wav.server")
+
+# Machine code -> WebSocket close code. Codes not listed close with 1011 (internal).
+WS_CLOSE = {
+    "unauthorized": 1008,
+    "duplicate_request_id": 1008,
+    "not_open": 1008,
+    "already_open": 1008,
+    "idle_timeout": 1008,
+    "bad_json": 1003,
+    "bad_message": 1003,
+    "unknown_op": 1003,
+    "bad_format": 1003,
+    "bad_request_id": 1003,
+    "bad_shape": 1003,
+    "bad_dtype": 1003,
+    "out_of_range": 1003,
+    "empty": 1003,
+    "bad_padding": 1003,
+    "message_too_big": 1009,
+    "too_many_frames": 1009,
+    "prefix_too_long": 1009,
+    "pool_full": 1013,
+    "queue_full": 1013,
+    "shutdown": 1012,
+    "prefill_failed": 1011,
+    "non_finite_audio": 1011,
+    "internal": 1011,
+}
+# Machine code -> HTTP status. Codes not listed answer 500.
+HTTP_STATUS = {
+    "unauthorized": 401,
+    "bad_json": 400,
+    "bad_message": 400,
+    "bad_format": 400,
+    "bad_npy": 400,
+    "bad_shape": 400,
+    "bad_dtype": 400,
+    "out_of_range": 400,
+    "empty": 400,
+    "bad_padding": 400,
+    "unsupported_media_type": 415,
+    "body_too_big": 413,
+    "too_many_frames": 413,
+    "prefix_too_long": 413,
+    "pool_full": 503,
+    "queue_full": 503,
+    "shutdown": 503,
+    "prefill_failed": 500,
+    "non_finite_audio": 500,
+    "internal": 500,
+}
+# Request ids are the client's; keep them printable and short.
+MAX_REQUEST_ID_CHARS = 256
+
+
+@dataclass
+class Limits:
+    max_message_bytes: int = 1 << 20  # one WebSocket message (JSON text or binary frames)
+    max_stream_frames: int = 45_000  # frames one stream may push (1 hour of audio)
+    max_body_bytes: int = 16 << 20  # one POST /v1/decode body
+    idle_timeout: float | None = 30.0  # seconds without a client message while nothing is in flight
+    http_chunk_frames: int = 25  # POST /v1/decode feeds the engine in chunks of this many frames
+    retry_after_s: int = 1  # Retry-After on 503
+
+
+class ServiceError(Exception):
+    """An error the client is told about: ``code`` is one of the protocol's machine codes."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class Disconnected(Exception):
+    """The WebSocket client went away."""
+
+
+def service_error(e: BaseException) -> ServiceError:
+    """Map engine/validation exceptions onto the protocol's codes."""
+    if isinstance(e, ServiceError):
+        return e
+    if isinstance(e, PoolFull):
+        return ServiceError("pool_full", f"{e}; retry later")
+    if isinstance(e, (StreamError, CodesError)):
+        return ServiceError(e.code, str(e))
+    log.exception("internal error", exc_info=e)
+    return ServiceError("internal", f"internal error ({type(e).__name__})")
+
+
+def error_body(code: str, message: str) -> dict:
+    """The JSON body of every error, on both endpoints."""
+    return {"type": "error", "code": code, "message": message}

@@ -1,0 +1,270 @@
+"""The WebSocket endpoint ``/v1/stream``: one :class:`_WsSession` per connection, one stream per
+session. Every WebSocket error ends that connection's stream and frees its slot; other
+connections are unaffected."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import time
+import uuid
+from typing import Callable
+
+import numpy as np
+from fastapi import WebSocket
+from torch import Tensor
+
+from code2wav.codes import CodesError, as_frames
+from code2wav.server.audio import RAW_FORMATS, raw_bytes
+from code2wav.server.metrics import _Metrics
+from code2wav.server.protocol import MAX_REQUEST_ID_CHARS, WS_CLOSE, Disconnected, Limits, ServiceError, error_body, service_error
+from code2wav.server.service import Service
+
+
+def stream_endpoint(service: Service, limits: Limits, metrics: _Metrics, authorized: Callable[[str | None], bool]):
+    """The ``/v1/stream`` handler: accepts the connection and runs its session."""
+
+    async def ws_stream(ws: WebSocket):
+        await ws.accept()
+        metrics.connections.inc()
+        metrics.requests.labels("stream").inc()
+        try:
+            await _WsSession(ws, service, limits, metrics, authorized).run()
+        finally:
+            metrics.connections.dec()
+
+    return ws_stream
+
+
+class _WsSession:
+    """One WebSocket connection = one stream. A receiver task validates chunks and queues them on
+    the engine; a sender task returns each chunk's audio in order. At most the engine's
+    ``max_pending_chunks`` chunks are in flight; past that the receiver stops reading (TCP
+    backpressure instead of an error). The engine's worker turns each chunk's audio into the
+    stream's wire format, so the event loop only moves bytes."""
+
+    def __init__(self, ws: WebSocket, service: Service, limits: Limits, metrics: _Metrics, authorized: Callable[[str | None], bool]):
+        self.ws, self.service, self.limits, self.metrics, self.authorized = ws, service, limits, metrics, authorized
+        self.Q, self.SIZE = service.num_quantizers, service.codebook_size
+        self.rid: str | None = None
+        self.opened = self.finished = False
+        self.fmt = "pcm_s16le"
+        self.frames_in = self.frames_out = self.samples = 0
+        self.outstanding = 0  # chunks pushed whose audio is not sent yet
+        self.encode = None  # audio -> wire bytes, set on open
+        self.sample_bytes = 2
+        self.queue: asyncio.Queue = asyncio.Queue()  # each chunk's future, in order; None after end
+        self.slots = asyncio.Semaphore(max(1, service.max_pending_chunks))
+        self.in_flight: set[asyncio.Future] = set()
+        self.last_activity = time.monotonic()
+        self.t_open = self.t_opened = self.t_first_in = self.t_first_out = None
+
+    # -- entry ---------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        tasks: list[asyncio.Task] = []
+        try:
+            if not self.authorized(self.ws.headers.get("authorization")):
+                raise ServiceError("unauthorized", "missing or wrong bearer token")
+            await self._open(await self._recv())
+            tasks = [asyncio.create_task(self._receiver()), asyncio.create_task(self._sender())]
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for t in tasks:  # the receiver's error first: it is the cause when both failed
+                if t.done() and t.exception() is not None:
+                    raise t.exception()  # type: ignore[misc]
+        except Disconnected:
+            pass
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            err = service_error(e)
+            for t in tasks:
+                t.cancel()
+            await self._fail(err)
+        finally:
+            for t in tasks:
+                t.cancel()
+            for f in list(self.in_flight):
+                f.cancel()  # drops the chunk if its step has not begun
+            if self.opened and not self.finished and self.rid is not None:
+                await self.service.abort_quietly(self.rid)
+
+    async def _fail(self, err: ServiceError) -> None:
+        self.metrics.errors.labels(err.code).inc()
+        try:
+            await self.ws.send_json(error_body(err.code, err.message))
+            await self.ws.close(WS_CLOSE.get(err.code, 1011), reason=err.code)
+        except Exception:
+            pass  # the client is gone already
+
+    # -- receiving -----------------------------------------------------------------------------
+
+    async def _recv(self) -> tuple[str, object]:
+        """Next message as ("text", str) or ("bytes", bytes), under the size and idle limits."""
+        task = asyncio.ensure_future(self.ws.receive())
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=self.limits.idle_timeout)
+                if done:
+                    break
+                if self.outstanding == 0 and time.monotonic() - self.last_activity >= (self.limits.idle_timeout or 0):
+                    raise ServiceError("idle_timeout", f"no message for {self.limits.idle_timeout} s")
+        except BaseException:
+            task.cancel()
+            raise
+        msg = task.result()
+        self.last_activity = time.monotonic()
+        if msg["type"] == "websocket.disconnect":
+            raise Disconnected()
+        data = msg.get("bytes")
+        if data is not None:
+            if len(data) > self.limits.max_message_bytes:
+                raise ServiceError("message_too_big", f"message of {len(data)} bytes exceeds the limit of {self.limits.max_message_bytes}")
+            return "bytes", data
+        text = msg.get("text") or ""
+        size = len(text.encode())
+        if size > self.limits.max_message_bytes:
+            raise ServiceError("message_too_big", f"message of {size} bytes exceeds the limit of {self.limits.max_message_bytes}")
+        return "text", text
+
+    @staticmethod
+    def _json(text: str) -> dict:
+        try:
+            obj = json.loads(text)
+        except ValueError as e:
+            raise ServiceError("bad_json", f"message is not JSON ({e})") from None
+        if not isinstance(obj, dict):
+            raise ServiceError("bad_message", "a JSON message must be an object with an \"op\"")
+        return obj
+
+    async def _open(self, msg: tuple[str, object]) -> None:
+        kind, data = msg
+        if kind == "bytes":
+            raise ServiceError("not_open", "send {\"op\":\"open\"} before any frames")
+        obj = self._json(data)  # type: ignore[arg-type]
+        op = obj.get("op")
+        if op in ("push", "end"):
+            raise ServiceError("not_open", f"op {op!r} before {{\"op\":\"open\"}}")
+        if op != "open":
+            raise ServiceError("unknown_op", f"unknown op {op!r}; expected open")
+        rid = obj.get("request_id")
+        if rid is None:
+            rid = f"ws-{uuid.uuid4().hex}"
+        if not isinstance(rid, str) or not rid or len(rid) > MAX_REQUEST_ID_CHARS:
+            raise ServiceError("bad_request_id", f"request_id must be a non-empty string of at most {MAX_REQUEST_ID_CHARS} characters")
+        fmt = obj.get("format", "pcm_s16le")
+        if fmt not in RAW_FORMATS:
+            raise ServiceError("bad_format", f"format {fmt!r}: expected one of {', '.join(RAW_FORMATS)}")
+        prefix = obj.get("prefix")
+        if prefix is not None:
+            try:
+                prefix = as_frames(prefix, self.Q, self.SIZE, "prefix", allow_empty=True)
+            except CodesError as e:
+                raise ServiceError(e.code, str(e)) from None
+        self.t_open = time.perf_counter()
+        await self.service.open(rid, prefix)
+        self.rid, self.fmt, self.opened = rid, fmt, True
+        self.encode = functools.partial(raw_bytes, fmt=fmt)
+        self.sample_bytes = 2 if fmt == "pcm_s16le" else 4
+        self.t_opened = time.perf_counter()
+        await self._send(lambda: self.ws.send_json({"type": "opened", "request_id": rid, "sample_rate": self.service.sample_rate, "format": fmt}))
+
+    def _chunk(self, kind: str, data: object) -> Tensor | None:
+        """A push message's frames, or None for ``end``."""
+        if kind == "bytes":
+            raw: bytes = data  # type: ignore[assignment]
+            if len(raw) % (2 * self.Q):
+                raise ServiceError("bad_shape", f"binary frames must be int16 [n, {self.Q}]: {len(raw)} bytes is not a multiple of {2 * self.Q}")
+            payload: object = np.frombuffer(raw, dtype="<i2").reshape(-1, self.Q).copy()
+        else:
+            obj = self._json(data)  # type: ignore[arg-type]
+            op = obj.get("op")
+            if op == "end":
+                return None
+            if op == "open":
+                raise ServiceError("already_open", "this connection's stream is already open")
+            if op != "push":
+                raise ServiceError("unknown_op", f"unknown op {op!r}; expected push or end")
+            if "frames" not in obj:
+                raise ServiceError("bad_message", "push needs \"frames\"")
+            payload = obj["frames"]
+        try:
+            return as_frames(payload, self.Q, self.SIZE, "frames")
+        except CodesError as e:
+            raise ServiceError(e.code, str(e)) from None
+
+    async def _receiver(self) -> None:
+        while True:
+            frames = self._chunk(*await self._recv())
+            if frames is None:
+                await self.queue.put(None)
+                return
+            self.frames_in += frames.shape[0]
+            if self.frames_in > self.limits.max_stream_frames:
+                raise ServiceError("too_many_frames", f"stream exceeds the limit of {self.limits.max_stream_frames} frames")
+            if self.t_first_in is None:
+                self.t_first_in = time.perf_counter()
+            await self.slots.acquire()
+            try:
+                fut = self.service.submit(self.rid, frames, self.encode)  # type: ignore[arg-type]
+            except BaseException:
+                self.slots.release()
+                raise
+            self.outstanding += 1
+            self.in_flight.add(fut)
+            fut.add_done_callback(_discard_from(self.in_flight))
+            self.queue.put_nowait(fut)
+
+    # -- sending -------------------------------------------------------------------------------
+
+    async def _send(self, fn) -> None:
+        try:
+            await fn()
+        except Exception as e:  # WebSocketDisconnect, ClientDisconnected, a closed transport
+            raise Disconnected() from e
+
+    async def _sender(self) -> None:
+        while True:
+            fut = await self.queue.get()
+            if fut is None:
+                break
+            try:
+                data: bytes = await fut
+            finally:
+                self.slots.release()
+            await self._send(lambda: self.ws.send_bytes(data))
+            self.outstanding -= 1
+            self.last_activity = time.monotonic()
+            if self.t_first_out is None:
+                self.t_first_out = time.perf_counter()
+                self.metrics.ttfp_seconds.observe(self.t_first_out - (self.t_first_in or self.t_first_out))
+            n = len(data) // self.sample_bytes
+            self.frames_out += n // self.service.samples_per_frame
+            self.samples += n
+        await self.service.finish(self.rid)  # type: ignore[arg-type]
+        self.finished = True
+        t = time.perf_counter()
+        ms = lambda a, b: None if a is None or b is None else round((b - a) * 1000, 3)  # noqa: E731
+        done = {
+            "type": "done",
+            "request_id": self.rid,
+            "frames": self.frames_out,
+            "samples": self.samples,
+            "timings": {
+                "open_ms": ms(self.t_open, self.t_opened),
+                "ttfp_ms": ms(self.t_first_in, self.t_first_out),
+                "total_ms": ms(self.t_open, t),
+            },
+        }
+        await self._send(lambda: self.ws.send_json(done))
+        await self._send(lambda: self.ws.close(1000))
+
+
+def _discard_from(s: set):
+    def cb(f: asyncio.Future) -> None:
+        s.discard(f)
+        if not f.cancelled():
+            f.exception()  # retrieved: an abandoned chunk's error is not an unhandled one
+
+    return cb
