@@ -1,13 +1,14 @@
 """Two forms of the residual units' dilated k=7 convs on the GPU, and cuDNN's algorithm search.
 
 The decoder's dilated conv (dilation d) runs today as a 2-D conv over ``[B, C, 1, L]`` with a
-``(1, 7)`` kernel dilated ``(1, d)``; cuDNN picks Ampere-style kernels for most of them on an
-H200. The same conv is a plain ``(7, 1)`` conv over ``[B, C, L/d, d]``: sample ``t = i*d + j``
+``(1, 7)`` kernel dilated ``(1, d)``, for which cuDNN may not have its best kernels. The same
+conv is a plain ``(7, 1)`` conv over ``[B, C, L/d, d]``: sample ``t = i*d + j``
 sits at row ``i``, column ``j``, and a channels-last ``[B, L, C]`` tensor already has that layout,
 so the view costs nothing (``L`` padded up to a multiple of ``d``; the padding only feeds outputs
-past the end, which are dropped). Undilated kernels may be faster. This times both forms per
-decoder block and dilation, with cuDNN's default search (``benchmark_limit`` 10) and the full one
-(0), and checks the two forms agree.
+past the end, which are dropped). Undilated kernels may be faster, at the cost of that
+padding (and a channels-last input). This times both forms per decoder block and dilation,
+with cuDNN's default search (``benchmark_limit`` 10) and the full one (0), and checks the two
+forms agree; the figures are in BENCHMARKS.md.
 
 argv: [rows x frames, default 16x25] [dtype, default bfloat16]. Output: a table, times in us.
 """

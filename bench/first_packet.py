@@ -20,6 +20,7 @@ from code2wav.engine.async_engine import AsyncEngine
 from code2wav.engine.graphs import GraphRunner, use_expandable_segments
 from code2wav.model.loading import configure_cuda, load_decoder
 from code2wav.stream.engine import StreamEngine
+from code2wav.stream.pool import StatePool
 
 
 def main() -> int:
@@ -29,10 +30,8 @@ def main() -> int:
     use_expandable_segments()
     configure_cuda(dtype)
     model = load_decoder(None, device="cuda", dtype=dtype)
-    core = StreamEngine(model, max_streams=4, max_step_frames=32, max_batch_frames=256)
-    runner = GraphRunner(model, core.pool, batch_sizes=(1,), frame_sizes=(1, 25), max_batch_frames=256)
+    runner = GraphRunner(model, StatePool(model, 4), batch_sizes=(1,), frame_sizes=(1, 25), max_batch_frames=256)
     runner.capture()
-    core.runner = runner
     marks: dict[str, float] = {}
     spent: dict[str, float] = {}  # inside the step: seconds per part, summed over its calls in one push
     before_runner: dict[str, float] = {}  # ``spent`` when the runner was called
@@ -57,14 +56,19 @@ def main() -> int:
             return getattr(self.fn, attr)
 
     stamp = Stamped
-    parts = ("_admit", "_gathering", "_next_group", "_stage")  # the host's parts before the replay
-    for part in parts:
-        setattr(core, part, Stamped(part, getattr(core, part)))
     runner._replay = Stamped("replay + count", runner._replay)
+    # The runner goes in stamped (its attributes show through); the engine never swaps it.
+    core = StreamEngine(model, runner=stamp("runner", runner), max_step_frames=32, max_batch_frames=256)
+    # The host's parts before the replay: admission, the first chunks' gathering, taking the
+    # group's rows (the scheduler's ``_take``: ``next_group`` less the gathering), staging.
+    parts = {"_admit": (core, "_admit"), "_gathering": (core.scheduler, "_gathering"),
+             "_take": (core.scheduler, "_take"), "stage": (core.stager, "stage")}
+    for part, (owner, attr) in parts.items():
+        setattr(owner, attr, Stamped(part, getattr(owner, attr)))
 
-    real_step = core.step
+    real_decode = core.decode
 
-    def step(chunks, on_ready=None, more=None):
+    def decode(chunks, on_ready=None, more=None):
         spent.clear()
 
         def ready(rid, res):
@@ -73,13 +77,12 @@ def main() -> int:
         if profiler is not None:
             profiler.enable()  # on the worker thread: profiles the step alone
         try:
-            return stamp("step", real_step)(chunks, ready, more)
+            return stamp("step", real_decode)(chunks, ready, more)
         finally:
             if profiler is not None:
                 profiler.disable()
 
-    core.step = step
-    core.runner = stamp("runner", runner)
+    core.decode = decode
     legs = []
 
     async def run() -> None:

@@ -1,21 +1,23 @@
-"""GPU checks (run on the H200, not in CI): kernels and graph replay against eager and the
+"""GPU checks (run on a GPU machine, not in CI): kernels and graph replay against eager and the
 float64 CPU reference. Prints one line per check and exits non-zero on any failure."""
 
 from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
 
 import torch
 
 from code2wav.engine.graphs import GraphRunner
 from code2wav.kernels.snake import snake_beta, snake_beta_eager
+from code2wav.model.choices import DEFAULT_CHOICES, LayerChoices
 from code2wav.model.config import DecoderConfig
 from code2wav.model.decoder import Decoder
 from code2wav.model.init import random_decoder
-from code2wav.model.layers import CausalConvTranspose1d
 from code2wav.model.loading import configure_cuda
 from code2wav.stream.engine import StreamEngine
+from code2wav.stream.pool import StatePool
 
 SPF = 1920
 failures: list[str] = []
@@ -28,11 +30,12 @@ def check(name: str, ok: bool, detail: str) -> None:
 
 
 def load(weights: dict, dtype: torch.dtype, device: str, low_rate_dtype: torch.dtype | None = None,
-         channels_last: bool = True) -> Decoder:
+         channels_last: bool = True, layers: LayerChoices = DEFAULT_CHOICES) -> Decoder:
     configure_cuda(dtype)
     m = Decoder(DecoderConfig())
     m.load_state_dict(weights)
     m.to_dtypes(dtype, device, low_rate_dtype)
+    m.set_layer_choices(layers)
     return m.channels_last() if channels_last and device.startswith("cuda") else m
 
 
@@ -44,8 +47,8 @@ def snr_db(ref: torch.Tensor, x: torch.Tensor) -> float:
 def graph_stream(model: Decoder, codes: torch.Tensor) -> torch.Tensor:
     """The check stream (prefix 40, chunks 1,25,25,25,4) through graphs of its chunk sizes'
     buckets only, prefill included."""
-    e = StreamEngine(model, max_streams=2)
-    e.runner = GraphRunner(model, e.pool, batch_sizes=(1,), frame_sizes=(1, 4, 25), max_batch_frames=32)
+    runner = GraphRunner(model, StatePool(model, 2), batch_sizes=(1,), frame_sizes=(1, 4, 25), max_batch_frames=32)
+    e = StreamEngine(model, runner=runner)
     e.runner.capture(e.prefill_shapes())
     return stream(e, "x", codes, 40, [1, 25, 25, 25, 4])
 
@@ -117,14 +120,12 @@ def main() -> int:
     out16 = graph_stream(load(weights, torch.float16, "cuda"), codes).float()
     snr16 = snr_db(ref, out16)
     check("graph fp16 stream SNR >= 30 dB", bool(torch.isfinite(out16).all()) and snr16 >= 30.0, f"{snr16:.1f} dB vs fp64")
-    # 3c. The ConvTranspose layers as cuDNN's transposed conv (``CausalConvTranspose1d.as_gemm``
-    # off; the checks above ran the default, GEMMs): within the same bounds, through graphs.
-    CausalConvTranspose1d.as_gemm = False
-    try:
-        err = ((graph_stream(m32, codes).double() - ref).abs().max() / ref.abs().max()).item()
-        snr_cudnn = snr_db(ref, graph_stream(mbf, codes).float())
-    finally:
-        CausalConvTranspose1d.as_gemm = True
+    # 3c. The ConvTranspose layers as cuDNN's transposed conv (copies of the models with
+    # ``LayerChoices.convt_gemm`` off; the checks above ran the default, GEMMs): within the same
+    # bounds, through graphs.
+    cudnn_convt = replace(m32.layer_choices, convt_gemm=False)
+    err = ((graph_stream(load(weights, torch.float32, "cuda", layers=cudnn_convt), codes).double() - ref).abs().max() / ref.abs().max()).item()
+    snr_cudnn = snr_db(ref, graph_stream(load(weights, torch.bfloat16, "cuda", layers=cudnn_convt), codes).float())
     check("ConvTranspose as cuDNN's conv: fp32 stream vs fp64, bf16 SNR", err <= 1e-4 and snr_cudnn >= 30.0,
           f"max err / peak {err:.2e}; bf16 {snr_cudnn:.1f} dB (as GEMMs, the default: {snr:.1f} dB)")
     if "--quick" in sys.argv:  # skips the all-buckets captures below (minutes of cuDNN autotune)
@@ -134,11 +135,10 @@ def main() -> int:
     # 4. Graph replay == eager for every captured shape (fp32: differences are real, not bf16 noise).
     # (Bucket sizes trimmed so the check fits one device call; the capture logic is the same.)
     eager = StreamEngine(m32, max_streams=8, max_step_frames=32, max_batch_frames=128)
-    graph = StreamEngine(m32, max_streams=8, max_step_frames=32, max_batch_frames=128)
-    gr = GraphRunner(m32, graph.pool, batch_sizes=(1, 2, 8), frame_sizes=(1, 4, 25), max_batch_frames=128)
+    gr = GraphRunner(m32, StatePool(m32, 8), batch_sizes=(1, 2, 8), frame_sizes=(1, 4, 25), max_batch_frames=128)
+    graph = StreamEngine(m32, runner=gr, max_step_frames=32, max_batch_frames=128)
     t0 = time.perf_counter()
     gr.capture(graph.prefill_shapes())
-    graph.runner = gr
     check("capture fp32 (buckets b in 1,2,8 + fill, t in 1,4,25; prefill shapes)", True, f"{len(gr.graphs)} graphs in {time.perf_counter() - t0:.1f}s, pool {gr.memory_bytes() / 2**20:.0f} MiB")
     errs: dict[tuple[int, int], float] = {}
     for b, t in sorted(gr.graphs):
@@ -151,7 +151,7 @@ def main() -> int:
         worst = 0.0
         for _ in range(2):
             chunk = {rid: torch.randint(0, 2048, (max(1, t - (i % 2)), 16), generator=g) for i, rid in enumerate(ids)}
-            a, bb = eager.step(chunk), graph.step(chunk)
+            a, bb = eager.decode(chunk), graph.decode(chunk)
             for rid in ids:
                 d = (a[rid].float() - bb[rid].float()).abs().max().item() / max(a[rid].float().abs().max().item(), 1e-6)
                 worst = max(worst, d)

@@ -2,7 +2,7 @@
 
 For each (cuDNN workspace cap or allocator setting, frame budget) a fresh process (the cap is read from the environment
 by torch's cuDNN conv) captures the 25-frame bucket that fills the budget and a 1-frame bucket,
-then reports the graph pool, the activations' peak and the replay time. Run on the H200:
+then reports the graph pool, the activations' peak and the replay time. Run on a GPU:
 ``python3 bench/graph_memory.py`` (workspace caps) or ``python3 bench/graph_memory.py expandable 256 512``.
 """
 
@@ -21,20 +21,21 @@ def child(budget: int) -> None:
     from code2wav.model.config import DecoderConfig
     from code2wav.model.init import random_decoder
     from code2wav.model.loading import configure_cuda
-    from code2wav.stream.engine import StreamEngine
+    from code2wav.stream.pool import StatePool
+    from code2wav.stream.runner import EagerRunner
 
     configure_cuda(torch.bfloat16)
     m = random_decoder(DecoderConfig())
     m = m.to_dtypes(torch.bfloat16, "cuda").channels_last()
-    eng = StreamEngine(m, max_streams=256, max_batch_frames=budget)
+    pool = StatePool(m, 256)
     rows = budget // 25
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     codes, slots, n_new = torch.randint(0, 2048, (rows, 16, 25)), torch.arange(rows), torch.full((rows,), 25)
-    eng._run_eager(codes, slots, n_new)
+    EagerRunner(m, pool)(codes, slots, n_new)
     torch.cuda.synchronize()
     eager_peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-    r = GraphRunner(m, eng.pool, batch_sizes=(1,), frame_sizes=(1, 25), max_batch_frames=budget)
+    r = GraphRunner(m, pool, batch_sizes=(1,), frame_sizes=(1, 25), max_batch_frames=budget)
     r.capture()
     for _ in range(3):
         r(codes, slots, n_new)

@@ -17,6 +17,18 @@ from code2wav.bench import _workload
 from code2wav.model.config import DecoderConfig
 from code2wav.model.decoder import Decoder
 from code2wav.stream.engine import StreamEngine
+from code2wav.stream.pool import StatePool
+from code2wav.stream.runner import EagerRunner
+
+
+class NoDecode(EagerRunner):
+    """A runner that moves a step's inputs to the device as the eager one does, then returns
+    silence of the step's shape instead of running the decoder."""
+
+    def __call__(self, codes: torch.Tensor, slots: torch.Tensor, n_new: torch.Tensor) -> torch.Tensor:
+        codes, slots, n_new = self.pool._inputs(codes, slots, n_new)
+        return torch.zeros(codes.shape[0], codes.shape[2] * self.model.config.samples_per_frame, device=codes.device,
+                           dtype=torch.bfloat16)
 
 
 def main() -> int:
@@ -25,14 +37,7 @@ def main() -> int:
     seconds = float(sys.argv[3]) if len(sys.argv) > 3 else 2.0
     cfg = DecoderConfig()
     model = Decoder(cfg).to(device, torch.bfloat16)  # weights unused; the pool is the real size
-    core = StreamEngine(model, max_streams=max(levels), max_step_frames=32, max_batch_frames=256)
-    spf = cfg.samples_per_frame
-
-    def no_decode(codes: torch.Tensor, slots: torch.Tensor, n_new: torch.Tensor) -> torch.Tensor:
-        codes, slots, n_new = core.pool._inputs(codes, slots, n_new)
-        return torch.zeros(codes.shape[0], codes.shape[2] * spf, device=device, dtype=torch.bfloat16)
-
-    core.runner = no_decode
+    core = StreamEngine(model, runner=NoDecode(model, StatePool(model, max(levels))), max_step_frames=32, max_batch_frames=256)
     print(f"host-only workload on {device}, chunks 1 then 25, 101 frames per stream, sustained {seconds:.0f} s per level")
     print(f"{'c':>5}{'x RT':>9}{'steps/s':>9}{'step ms':>9}{'TTFP p50 ms':>13}")
     for c in levels:

@@ -5,30 +5,47 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
 
 import torch
 
 from code2wav.engine.graphs import GraphRunner
-from code2wav.kernels import skinny, unit
+from code2wav.kernels import unit
+from code2wav.model.choices import DEFAULT_CHOICES, LayerChoices
 from code2wav.model.config import DecoderConfig
 from code2wav.model.init import random_decoder
-from code2wav.model.layers import CausalConv1d, CausalConvTranspose1d
 from code2wav.model.loading import configure_cuda
-from code2wav.stream.engine import StreamEngine
+from code2wav.stream.pool import StatePool
+from code2wav.stream.runner import EagerRunner
+
+
+def layer_choices(layout: str) -> tuple[str, LayerChoices]:
+    """A layout name's suffixes (``-fold=``, ``-convt=cudnn``, ``-skinny=0``, ``-unitfill=0``,
+    ``-gemmrows=N``, in that order) as the model's :class:`LayerChoices`, each field the
+    default unless its suffix is there; returns the name without them."""
+    layout, _, gemm_rows = layout.partition("-gemmrows=")
+    layout, _, unit_fill = layout.partition("-unitfill=")
+    layout, _, skinny_on = layout.partition("-skinny=")
+    layout, _, convt = layout.partition("-convt=")
+    layout, _, fold = layout.partition("-fold=")
+    d = DEFAULT_CHOICES
+    return layout, replace(d, conv_fold=fold or d.conv_fold, conv_gemm_rows=int(gemm_rows) if gemm_rows else d.conv_gemm_rows,
+                           convt_gemm=convt != "cudnn", unit_fill_sms=unit_fill != "0", skinny=skinny_on != "0")
 
 
 def main() -> int:
     """argv: [dtype] [layouts] [cuDNN benchmark_limit: algorithms timed per shape, 0 = all].
     A layout named ``...-unfused`` runs the residual units' tails as separate ops (the A/B of
     ``code2wav/kernels/unit.py``); ``...-fold=all|dilated|none`` sets which full convs run folded
-    (the A/B of ``CausalConv1d.fold``); ``...-convt=cudnn`` runs the ConvTranspose layers as
-    cuDNN's transposed conv, not GEMMs (the A/B of ``CausalConvTranspose1d.as_gemm``);
+    (the A/B of ``LayerChoices.conv_fold``); ``...-convt=cudnn`` runs the ConvTranspose layers as
+    cuDNN's transposed conv, not GEMMs (the A/B of ``LayerChoices.convt_gemm``);
     ``...-gemmrows=N`` runs full convs of at most N output samples as GEMMs (the A/B of
-    ``CausalConv1d.gemm_rows``; it goes last in the name); ``...-unitfill=0`` keeps the residual
-    units' fused tails at fixed 128-row tiles in small steps (the A/B of ``unit.FILL_SMS``; it goes
-    before ``-gemmrows``); ``...-skinny=0`` runs the few-row float32 products through cuBLAS (the
-    A/B of ``skinny.ENABLED``; before ``-unitfill``). Each layout's eager 16x25, 1x25 and 1x1
-    steps are profiled."""
+    ``LayerChoices.conv_gemm_rows``; it goes last in the name); ``...-unitfill=0`` keeps the
+    residual units' fused tails at fixed 128-row tiles in small steps (the A/B of
+    ``LayerChoices.unit_fill_sms``; it goes before ``-gemmrows``); ``...-skinny=0`` runs the
+    few-row float32 products through cuBLAS (the A/B of ``LayerChoices.skinny``; before
+    ``-unitfill``). Each suffix sets that field of the model's layer choices (the others keep
+    their defaults). Each layout's eager 16x25, 1x25 and 1x1 steps are profiled."""
     dtype = getattr(torch, sys.argv[1] if len(sys.argv) > 1 else "bfloat16")
     layouts = sys.argv[2].split(",") if len(sys.argv) > 2 else ["channels_last"]  # the CUDA default
     configure_cuda(dtype)
@@ -37,36 +54,29 @@ def main() -> int:
     print(f"{dtype}, cuDNN benchmark_limit {torch.backends.cudnn.benchmark_limit}")
     shapes = [(1, 1), (16, 1), (1, 25), (5, 25), (10, 25), (16, 25), (20, 25), (64, 8)]
     g = torch.Generator().manual_seed(0)
-    real_applies, default_fold, default_gemm_rows = unit.applies, CausalConv1d.fold, CausalConv1d.gemm_rows
+    real_applies = unit.applies
     for layout in layouts:  # the same step, conv weights stored either way
         name = layout
-        layout, _, gemm_rows = layout.partition("-gemmrows=")
-        CausalConv1d.gemm_rows = int(gemm_rows) if gemm_rows else default_gemm_rows
-        layout, _, unit_fill = layout.partition("-unitfill=")
-        unit.FILL_SMS = unit_fill != "0"
-        layout, _, skinny_on = layout.partition("-skinny=")
-        skinny.ENABLED = skinny_on != "0"
-        layout, _, convt = layout.partition("-convt=")
-        CausalConvTranspose1d.as_gemm = convt != "cudnn"
-        layout, _, fold = layout.partition("-fold=")
-        CausalConv1d.fold = fold or default_fold
+        layout, choices = layer_choices(layout)
+        # No layer choice for the fused tail itself: the A/B swaps the kernel's gate.
         unit.applies = (lambda x, h: False) if layout.endswith("-unfused") else real_applies
         layout = layout.removesuffix("-unfused")
         m = random_decoder(DecoderConfig())
-        m = m.to_dtypes(dtype, "cuda")
+        m = m.to_dtypes(dtype, "cuda").set_layer_choices(choices)
         if layout == "channels_last":
             m.channels_last()
-        eng = StreamEngine(m, max_streams=64, max_batch_frames=512)
-        runner = GraphRunner(m, eng.pool, batch_sizes=(1, 5, 10, 16, 64), frame_sizes=(1, 8, 25), max_batch_frames=512)
+        pool = StatePool(m, 64)
+        eager = EagerRunner(m, pool)
+        runner = GraphRunner(m, pool, batch_sizes=(1, 5, 10, 16, 64), frame_sizes=(1, 8, 25), max_batch_frames=512)
         runner.capture()
-        print(f"{name}: conv weights {layout}, fold {CausalConv1d.fold}, GEMM convs up to {CausalConv1d.gemm_rows} samples; graph pool {runner.memory_bytes() / 2**20:.0f} MiB at 512 frames")
+        print(f"{name}: conv weights {layout}, fold {choices.conv_fold}, GEMM convs up to {choices.conv_gemm_rows} samples; graph pool {runner.memory_bytes() / 2**20:.0f} MiB at 512 frames")
         print(f"{'B':>4}{'T':>4}{'eager ms':>10}{'graph ms':>10}{'frames/s graph':>16}{'x RT':>8}")
         for b, t in shapes:
             codes = torch.randint(0, 2048, (b, 16, t), generator=g)
             slots = torch.arange(b)
             n_new = torch.full((b,), t)
             res = {}
-            for how, fn in (("eager", eng._run_eager), ("graph", runner)):
+            for how, fn in (("eager", eager), ("graph", runner)):
                 for _ in range(3):
                     fn(codes, slots, n_new)
                 torch.cuda.synchronize()
@@ -79,20 +89,20 @@ def main() -> int:
             fps = b * t / res["graph"] * 1e3
             print(f"{b:>4}{t:>4}{res['eager']:>10.2f}{res['graph']:>10.2f}{fps:>16.0f}{fps / 12.5:>8.0f}", flush=True)
         del runner
-        profile_steps(eng, name, g)
+        profile_steps(eager, name, g)
     return 0
 
 
-def profile_steps(eng: StreamEngine, name: str, g: torch.Generator) -> None:
+def profile_steps(eager: EagerRunner, name: str, g: torch.Generator) -> None:
     """Where a big step's time goes; what a 1-frame step launches (eager, torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
     for b, t, rows in ((16, 25, 24), (1, 25, 16), (1, 1, 16)):
         codes = torch.randint(0, 2048, (b, 16, t), generator=g)
         slots, n_new = torch.arange(b), torch.full((b,), t)
-        eng._run_eager(codes, slots, n_new)  # cuDNN's algorithm search outside the profile
+        eager(codes, slots, n_new)  # cuDNN's algorithm search outside the profile
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            eng._run_eager(codes, slots, n_new)
+            eager(codes, slots, n_new)
             torch.cuda.synchronize()
         events = prof.key_averages()
         kernels = sum(e.count for e in events if e.device_type.name == "CUDA")
