@@ -2,7 +2,8 @@
 through the async engine (graphs of the 1- and 25-frame steps only, so capture is quick), and
 each push is stamped at submit, step entry, runner entry, replay launched, audio handed over on
 the worker, and the future resolved on the event loop. Prints the medians of each leg, the
-step's GPU time, and the engine's parts before the runner (admission, grouping, staging). argv: [pushes, default 300] [dtype, default bfloat16] ["profile": cProfile the
+step's GPU time, and the engine's parts before the runner (admission, grouping, staging).
+argv: [pushes, default 300] [dtype, default bfloat16] ["profile": cProfile the
 worker's steps and print their costliest calls]."""
 
 from __future__ import annotations

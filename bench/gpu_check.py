@@ -139,7 +139,8 @@ def main() -> int:
     graph = StreamEngine(m32, runner=gr, max_step_frames=32, max_batch_frames=128)
     t0 = time.perf_counter()
     gr.capture(graph.prefill_shapes())
-    check("capture fp32 (buckets b in 1,2,8 + fill, t in 1,4,25; prefill shapes)", True, f"{len(gr.graphs)} graphs in {time.perf_counter() - t0:.1f}s, pool {gr.memory_bytes() / 2**20:.0f} MiB")
+    check("capture fp32 (buckets b in 1,2,8 + fill, t in 1,4,25; prefill shapes)", True,
+          f"{len(gr.graphs)} graphs in {time.perf_counter() - t0:.1f}s, pool {gr.memory_bytes() / 2**20:.0f} MiB")
     errs: dict[tuple[int, int], float] = {}
     for b, t in sorted(gr.graphs):
         rows = max(1, b - 1) if b > 1 else 1  # one fewer than the bucket: exercises row padding

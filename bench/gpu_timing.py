@@ -3,7 +3,7 @@ replayed from a CUDA graph (so launch gaps are the GPU's, as in a step's graph).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

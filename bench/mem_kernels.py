@@ -10,11 +10,11 @@ import itertools
 import sys
 
 import torch
+from gpu_timing import timed  # bench/ is the script's directory, first on sys.path
 
 from code2wav.kernels import snake
 from code2wav.kernels.history import history_cat
 from code2wav.kernels.snake import residual_add, snake_beta, to_layout
-from gpu_timing import timed  # bench/ is the script's directory, first on sys.path
 
 # (channels, samples per frame, dilation) of the residual units' k=7 conv inputs, blocks 1-4
 SHAPES = ((768, 32, 9), (384, 160, 9), (192, 640, 9), (96, 1920, 9))
@@ -36,7 +36,8 @@ def main() -> int:
         T = -(-(H + L) // d) * d
         elem = x.element_size()
         cases += [
-            (f"cat {C}x{L}", (rows * C * (L + H + T)) * elem, lambda x=x, pool=pool, slots=slots, a=alpha, b=beta, H=H, d=d: history_cat(x, H, pool, slots, (a, b), None, d)),
+            (f"cat {C}x{L}", (rows * C * (L + H + T)) * elem,
+             lambda x=x, pool=pool, slots=slots, a=alpha, b=beta, H=H, d=d: history_cat(x, H, pool, slots, (a, b), None, d)),
             (f"snake {C}x{L}", 2 * x.numel() * elem, lambda x=x, a=alpha, b=beta, c=bias: snake_beta(x, a, b, c)),
             (f"resid {C}x{L}", 3 * x.numel() * elem, lambda x=x, h=h, c=bias: residual_add(x, h, c)),
         ]

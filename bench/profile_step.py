@@ -69,7 +69,8 @@ def main() -> int:
         eager = EagerRunner(m, pool)
         runner = GraphRunner(m, pool, batch_sizes=(1, 5, 10, 16, 64), frame_sizes=(1, 8, 25), max_batch_frames=512)
         runner.capture()
-        print(f"{name}: conv weights {layout}, fold {choices.conv_fold}, GEMM convs up to {choices.conv_gemm_rows} samples; graph pool {runner.memory_bytes() / 2**20:.0f} MiB at 512 frames")
+        print(f"{name}: conv weights {layout}, fold {choices.conv_fold}, GEMM convs up to {choices.conv_gemm_rows} samples; "
+              f"graph pool {runner.memory_bytes() / 2**20:.0f} MiB at 512 frames")
         print(f"{'B':>4}{'T':>4}{'eager ms':>10}{'graph ms':>10}{'frames/s graph':>16}{'x RT':>8}")
         for b, t in shapes:
             codes = torch.randint(0, 2048, (b, 16, t), generator=g)

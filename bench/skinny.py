@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from gpu_timing import timed_in_graph as timed  # bench/ is the script's directory, first on sys.path
 
 from code2wav.kernels import skinny
-from gpu_timing import timed_in_graph as timed  # bench/ is the script's directory, first on sys.path
 
 # (rows, K, N): the transformer's q/k/v, o, gate/up, down and its in/out projections, the
 # upsamplers' ConvNeXt MLPs (rows: 1-frame step at rates 2 and 4) and their ConvTranspose.

@@ -9,11 +9,11 @@ import itertools
 import sys
 
 import torch
+from gpu_timing import timed  # bench/ is the script's directory, first on sys.path
 
-from code2wav.kernels import snake, unit
+from code2wav.kernels import unit
 from code2wav.kernels.snake import residual_add, to_layout
 from code2wav.model.layers import ResidualUnit, channels_last_
-from gpu_timing import timed  # bench/ is the script's directory, first on sys.path
 
 BLOCKS = ((192, 640), (96, 1920))  # (channels, samples per frame) of the decoder blocks the fused tail serves
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -185,7 +185,8 @@ def _add_serve(sub) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="compute dtype (default float32)")
     add_low_rate_dtype(p)
-    p.add_argument("--api-key", default=os.environ.get("CODE2WAV_API_KEY"), help="require 'Authorization: Bearer KEY' on every endpoint but /health (default: $CODE2WAV_API_KEY)")
+    p.add_argument("--api-key", default=os.environ.get("CODE2WAV_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on every endpoint but /health (default: $CODE2WAV_API_KEY)")
     p.add_argument("--idle-timeout", type=float, default=30.0, help="close a WebSocket stream idle this many seconds (default 30; 0: never)")
     p.add_argument("--max-message-bytes", type=int, default=1 << 20, help="largest WebSocket message (default 1 MiB)")
     p.add_argument("--max-stream-frames", type=int, default=45_000, help="most frames one stream or request may decode (default 45000 = 1 hour)")
@@ -278,10 +279,9 @@ def _one_line(e: BaseException) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from code2wav.codes import CodesError
+    from code2wav.engine.graphs import use_expandable_segments
     from code2wav.model.loading import CheckpointError
     from code2wav.stream.rows import StreamError
-
-    from code2wav.engine.graphs import use_expandable_segments
 
     use_expandable_segments()  # before anything touches CUDA
     try:

@@ -8,7 +8,8 @@ left context, which differs from the whole-utterance forward beyond 300 frames.
 
 from __future__ import annotations
 
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 import torch
 from torch import Tensor

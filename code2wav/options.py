@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import typing
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from code2wav.model.config import DTYPES
 

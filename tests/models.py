@@ -27,12 +27,12 @@ SMALL = DecoderConfig(
 FULL = DecoderConfig()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _weights(cfg: DecoderConfig, seed: int) -> dict[str, torch.Tensor]:
     return random_decoder(cfg, seed=seed).state_dict()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def model(cfg: DecoderConfig = SMALL, dtype: torch.dtype = torch.float64, seed: int = 0,
           low_rate_dtype: torch.dtype | None = None) -> Decoder:
     """Random-weight decoder in ``dtype`` (cached: treat as read-only); the stages before the

@@ -16,8 +16,8 @@ import torch
 
 from code2wav import offline
 from code2wav.cli import main
-from code2wav.options import chunk_schedule
 from code2wav.model.loading import CONFIG_FILE, WEIGHTS_FILE, load_decoder
+from code2wav.options import chunk_schedule
 from tests.models import one_thread, random_codes, write_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent

@@ -13,10 +13,10 @@ from code2wav.codes import CodesError
 from code2wav.engine.async_engine import AsyncEngine, Backpressure
 from code2wav.engine.graphs import pick_bucket, plan_buckets
 from code2wav.stream.engine import StreamEngine
+from code2wav.stream.pool import PoolFull, StatePool, packed_base, packed_inputs
 from code2wav.stream.rows import StreamError
 from code2wav.stream.runner import EagerRunner
 from code2wav.stream.schedule import SchedulePolicy, split_groups
-from code2wav.stream.pool import PoolFull, StatePool, packed_base, packed_inputs
 from tests.models import SMALL, forward_audio, model, one_thread, random_codes
 
 
@@ -611,7 +611,8 @@ def test_buckets_respect_frame_budget_and_pool():
 
 @pytest.mark.parametrize(
     "batch,frames,expect",
-    [(1, 1, (1, 1)), (3, 1, (4, 1)), (5, 20, (8, 25)), (16, 25, (16, 25)), (17, 25, (20, 25)), (21, 25, None), (1, 26, (1, 32)), (1, 33, None), (64, 3, (64, 4))],
+    [(1, 1, (1, 1)), (3, 1, (4, 1)), (5, 20, (8, 25)), (16, 25, (16, 25)), (17, 25, (20, 25)), (21, 25, None), (1, 26, (1, 32)), (1, 33, None),
+     (64, 3, (64, 4))],
 )
 def test_pick_bucket_takes_least_padded_work(batch, frames, expect):
     buckets = plan_buckets((1, 2, 4, 8, 16, 32, 64), (1, 2, 4, 8, 16, 25, 32), 512, 64)

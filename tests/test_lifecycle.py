@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from code2wav.codes import CodesError
 from code2wav.stream.engine import StreamEngine
-from code2wav.stream.rows import StreamError
 from code2wav.stream.pool import PoolFull
+from code2wav.stream.rows import StreamError
 from tests.models import SMALL, forward_audio, model, one_thread, random_codes
 
 SPF = 1920

@@ -54,7 +54,8 @@ class Server:
         env.pop("CODE2WAV_API_KEY", None)
         self.log = log
         self._logf = open(log, "wb")
-        cmd = [sys.executable, "-m", "code2wav.cli", "serve", "--model", str(ckpt), "--port", str(self.port), "--dtype", "float32", "--log-level", "warning", *extra]
+        cmd = [sys.executable, "-m", "code2wav.cli", "serve", "--model", str(ckpt), "--port", str(self.port), "--dtype", "float32",
+               "--log-level", "warning", *extra]
         self.proc = subprocess.Popen(cmd, stdout=self._logf, stderr=subprocess.STDOUT, env=env)
 
     def wait_ready(self, timeout: float = 90) -> None:
@@ -480,7 +481,6 @@ def test_metrics_show_the_graph_runner(ckpt):
     from code2wav.engine.async_engine import AsyncEngine
     from code2wav.server.metrics import _Metrics
     from code2wav.server.service import Service
-
     from code2wav.stream.pool import StatePool
     from code2wav.stream.runner import EagerRunner
 

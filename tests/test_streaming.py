@@ -372,12 +372,13 @@ def test_folded_conv_equals_the_dilated_conv(monkeypatch, layout, dilation, fold
     equal (float64) to the causal dilated conv1d, for lengths no multiple of the dilation, whole
     and stepped with a history from the pool; so is each other choice of which convs fold."""
     from code2wav.kernels.snake import to_layout
+    from code2wav.model.choices import LayerChoices
     from code2wav.model.layers import CausalConv1d
     from code2wav.model.streaming import Step
 
-    monkeypatch.setattr(CausalConv1d, "fold", fold)
     g = torch.Generator().manual_seed(7)
     conv = CausalConv1d(8, 12, 7, dilation=dilation).double()
+    conv.choices = LayerChoices(conv_fold=fold)
     x = torch.randn(2, 8, 5 + 6 * dilation + 4, dtype=torch.float64, generator=g)  # 2 steps' worth
     want = torch.nn.functional.conv1d(torch.nn.functional.pad(x, (6 * dilation, 0)), conv.conv.weight, conv.conv.bias, dilation=dilation)
     with torch.no_grad():
@@ -586,7 +587,7 @@ def test_float16_overflow_ends_only_that_stream():
 
     m = copy.deepcopy(model(SMALL, torch.float16, low_rate_dtype=torch.float16))
     m.quantizer.table = m.quantizer.table.clone()
-    q, size = SMALL.num_quantizers, SMALL.codebook_size
+    size = SMALL.codebook_size
     m.quantizer.table[7] = 6e4  # code 7 of quantizers 0 and 1: their sum overflows float16
     m.quantizer.table[size + 7] = 6e4
     good = random_codes(6, seed=3)
@@ -604,3 +605,20 @@ def test_float16_overflow_ends_only_that_stream():
     with pytest.raises(StreamError, match="already aborted"):
         engine.push("bad", good[:1])
     assert torch.isfinite(engine.push("good", good[:2])).all()
+
+
+def test_layer_choices_belong_to_the_model(small64):
+    """Two models in one process may run different layer forms: a choice set on one reaches
+    every layer of it and none of the other's, and both still equal the float64 forward."""
+    from code2wav.model.choices import LayerChoices
+    from code2wav.model.layers import CausalConv1d, CausalConvTranspose1d
+
+    m, codes, ref = small64
+    mine = copy.deepcopy(m).set_layer_choices(LayerChoices(conv_fold="none", convt_gemm=False, conv_gemm_rows=0))
+    other = copy.deepcopy(m)
+    layers = lambda d: [x for x in d.modules() if isinstance(x, (CausalConv1d, CausalConvTranspose1d))]  # noqa: E731
+    assert all(x.choices == mine.layer_choices for x in layers(mine))
+    assert all(x.choices == LayerChoices() for x in layers(other))
+    for d in (mine, other):
+        out = stream_alone(StreamEngine(d, max_streams=1), "s", codes, 0, 40, [1, 25])
+        assert max_err(out, ref[: 40 * SPF]) <= 1e-9

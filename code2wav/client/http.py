@@ -4,7 +4,7 @@ through httpx (imported when a client is made); ``stream()`` opens a WebSocket s
 from __future__ import annotations
 
 import io
-from typing import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 
 import numpy as np
 
@@ -138,7 +138,8 @@ class AsyncClient:
     def stream(self, request_id: str | None = None, prefix=None, format: str = "pcm_s16le", open_timeout: float = 10) -> AsyncStream:
         return AsyncStream(_ws_url(self.base_url), self.api_key, request_id, prefix, format, open_timeout)
 
-    async def stream_decode(self, codes, chunks: Sequence[int] = (25,), prefix=None, format: str = "pcm_s16le", binary: bool = True, request_id: str | None = None):
+    async def stream_decode(self, codes, chunks: Sequence[int] = (25,), prefix=None, format: str = "pcm_s16le", binary: bool = True,
+                            request_id: str | None = None):
         """Send every chunk at once (pipelined) while reading audio; returns (audio, done)."""
         codes = np.asarray(codes)
         import asyncio

@@ -168,7 +168,8 @@ def residual_add(x: Tensor, h: Tensor, bias: Tensor) -> Tensor:
     cl = is_channels_last(x)
     y = empty_time(x, L, cl)
     bl, bc = tile_shape(C, L, cl)
-    _residual_kernel[_grid(B, C, L, bl, bc)](x, h, bias, y, C, L, *x.stride(), *h.stride(), *y.stride(), HAS_X=True, BLOCK_L=bl, BLOCK_C=bc, num_warps=NUM_WARPS)
+    _residual_kernel[_grid(B, C, L, bl, bc)](x, h, bias, y, C, L, *x.stride(), *h.stride(), *y.stride(), HAS_X=True, BLOCK_L=bl, BLOCK_C=bc,
+                                             num_warps=NUM_WARPS)
     return y
 
 
@@ -182,5 +183,6 @@ def bias_add(h: Tensor, bias: Tensor) -> Tensor:
     cl = h.stride(1) == 1 and C > 1
     y = empty_time(h, L, cl)
     bl, bc = tile_shape(C, L, cl)
-    _residual_kernel[_grid(B, C, L, bl, bc)](h, h, bias, y, C, L, *h.stride(), *h.stride(), *y.stride(), HAS_X=False, BLOCK_L=bl, BLOCK_C=bc, num_warps=NUM_WARPS)
+    _residual_kernel[_grid(B, C, L, bl, bc)](h, h, bias, y, C, L, *h.stride(), *h.stride(), *y.stride(), HAS_X=False, BLOCK_L=bl, BLOCK_C=bc,
+                                             num_warps=NUM_WARPS)
     return y

@@ -60,7 +60,7 @@ if triton is not None:
         tl.store(y_ptr + rows + rn, acc.to(y_ptr.dtype.element_ty), mask=m)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 

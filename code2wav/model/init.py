@@ -3,7 +3,8 @@
 The official init zeroes the codebooks (silent output); this one gives audio-like signal ranges so
 tests compare real numbers, not clamped constants: weights ~ N(0, 1/fan_in), codebooks ~ N(0, 1),
 cluster usage ~ U(0.5, 2), residual-unit convs at half
-gain (at full gain the conv stack amplifies fp32 rounding ~5000x, so no fp32 check means much), Snake alpha/beta ~ N(0, 0.3), layer scales/gamma ~ N(0.3, 0.1), and the
+gain (at full gain the conv stack amplifies fp32 rounding ~5000x, so no fp32 check means much),
+Snake alpha/beta ~ N(0, 0.3), layer scales/gamma ~ N(0.3, 0.1), and the
 final conv rescaled so the output std is about 0.3.
 """
 

@@ -8,7 +8,7 @@ import io
 import json
 import time
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from fastapi import Request
@@ -20,8 +20,8 @@ from code2wav.server.audio import HTTP_FORMATS, MEDIA_TYPES, concat, encode_file
 from code2wav.server.metrics import _Metrics
 from code2wav.server.protocol import Limits, ServiceError, log, service_error
 from code2wav.server.service import Service
-from code2wav.stream.rows import StreamError
 from code2wav.stream.pool import PoolFull
+from code2wav.stream.rows import StreamError
 
 
 def request_frames(obj: object, what: str, num_quantizers: int, codebook_size: int, allow_empty: bool = False) -> Tensor:

@@ -13,8 +13,8 @@ import logging
 from dataclasses import dataclass
 
 from code2wav.codes import CodesError
-from code2wav.stream.rows import StreamError
 from code2wav.stream.pool import PoolFull
+from code2wav.stream.rows import StreamError
 
 log = logging.getLogger("code2wav.server")
 

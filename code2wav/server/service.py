@@ -7,7 +7,8 @@ Nothing else in ``code2wav.server`` touches the engine, so a change of the engin
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from code2wav.engine.async_engine import AsyncEngine, Encode, EngineStats
 from code2wav.server.protocol import log, service_error

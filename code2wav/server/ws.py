@@ -9,7 +9,7 @@ import functools
 import json
 import time
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from fastapi import WebSocket
@@ -233,7 +233,7 @@ class _WsSession:
                 data: bytes = await fut
             finally:
                 self.slots.release()
-            await self._send(lambda: self.ws.send_bytes(data))
+            await self._send(lambda: self.ws.send_bytes(data))  # noqa: B023  (awaited here, in this iteration)
             self.outstanding -= 1
             self.last_activity = time.monotonic()
             if self.t_first_out is None:

@@ -10,7 +10,8 @@ no state pool: a slot only counts a stream.
 from __future__ import annotations
 
 import time
-from typing import Callable, Literal, Mapping
+from collections.abc import Callable, Mapping
+from typing import Literal
 
 import torch
 from torch import Tensor

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 from torch import Tensor

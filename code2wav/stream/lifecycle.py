@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import Tensor

@@ -9,8 +9,9 @@ lands. No torch here: the scheduler works on rows alone and is tested without it
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Union
+from typing import TYPE_CHECKING, Any, Union
 
 if TYPE_CHECKING:
     from torch import Tensor

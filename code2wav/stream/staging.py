@@ -11,8 +11,8 @@ packet's path than writing the inputs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 from torch import Tensor
