@@ -110,6 +110,8 @@ def _set(obj: Any, path: list[str], text: str, item: str) -> Any:
         if not dataclasses.is_dataclass(current):
             raise CliError(f"bad --set {item!r}: {path[0]!r} has no sub-fields")
         value = _set(current, path[1:], text, item)
+    elif dataclasses.is_dataclass(current):
+        raise CliError(f"bad --set {item!r}: {path[0]!r} is a sub-config; expected one of its fields, e.g. {path[0]}.FIELD=VALUE")
     else:
         hint = typing.get_type_hints(type(obj))[f.name]
         value = _parse(hint, text, item)

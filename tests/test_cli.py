@@ -380,3 +380,20 @@ def test_embedded_default_model(tmp_path, monkeypatch, capsys):
     assert "RANDOM weights" in captured.err
     assert sf.info(str(out)).frames == 2 * SPF
     assert any((tmp_path / "cache").iterdir())
+
+
+def test_set_reaches_every_engine_knob_by_name():
+    """``--set FIELD=VALUE``: top-level and dotted sub-config fields, each value parsed by the
+    field's type; an unknown field or a bad value is a one-line CliError naming it."""
+    from code2wav.engine.build import EngineConfig
+    from code2wav.options import CliError, apply_settings
+
+    cfg = apply_settings(EngineConfig(), ["max_streams=8", "layers.convt_gemm=false", "schedule.first_chunk_wait=0",
+                                          "layers.conv_fold=none", "idle_timeout=none", "graphs=off"])
+    assert cfg.max_streams == 8 and cfg.layers.convt_gemm is False and cfg.schedule.first_chunk_wait == 0.0
+    assert cfg.layers.conv_fold == "none" and cfg.idle_timeout is None and cfg.graphs is False
+    assert EngineConfig().layers.convt_gemm is True  # the default is untouched
+    for bad, says in (("nope=1", "no field 'nope'"), ("layers.conv_fold=some", "expected one of"), ("max_streams=x", "a number"),
+                      ("max_streams=0", "positive"), ("layers=1", "expected"), ("graphs", "FIELD=VALUE")):
+        with pytest.raises(CliError, match=says):
+            apply_settings(EngineConfig(), [bad])
