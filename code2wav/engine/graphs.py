@@ -35,8 +35,8 @@ def use_expandable_segments() -> None:
 
 
 def default_batch_frames() -> int:
-    """Padded frames per step (rows x frames) that keep the graph pool under 1 GiB in bf16 on an
-    H200: fragmentation without expandable segments costs about half the budget (the measured
+    """Padded frames per step (rows x frames) that keep the graph pool under 1 GiB in bf16:
+    fragmentation without expandable segments costs about half the budget (the measured
     pool sizes are in BENCHMARKS.md; ``bash bench/gpu.sh ab max_batch_frames=N`` is the A/B)."""
     conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower()
     return 480 if "expandable_segments:true" in conf else 256

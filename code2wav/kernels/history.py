@@ -106,10 +106,9 @@ def _history_programs(history: int, channels: int) -> tuple[int, int, int]:
     """How a channel tile's history is split: (programs, channels each, rows per chunk). Each
     program takes all ``history`` rows of its channels in tiles of at most ``HISTORY_TILE``
     elements. One program per channel tile, in row chunks, was slower than the separate read
-    and write kernels: its serial chunks took ~6 us at H = 54 and its registers (up to 178)
-    cut the occupancy of every other tile. Over the blocks' history shapes in 1 x 1, 16 x 1 and
-    16 x 25-frame steps (H200, bf16, CUDA graphs) the read + write pair took 468 us, one program
-    per channel tile 568, this split 338; a 1-frame step's layer 1.8-2.0 us, the pair 3.5-3.7.
+    and write kernels: its serial chunks are long at the widest histories and its registers cut
+    the occupancy of every other tile; this split beat both over the blocks' history shapes in
+    1 x 1, 16 x 1 and 16 x 25-frame steps (the figures: BENCHMARKS.md, session 9).
     ``CHUNKS`` is a constexpr: the chunk loop unrolls (and Triton's interpreter takes no range
     over a runtime bound)."""
     rows = triton.next_power_of_2(max(history, 1))

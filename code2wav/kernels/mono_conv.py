@@ -1,7 +1,7 @@
 """The decoder's last conv (C channels -> 1, kernel K) as one Triton pass on CUDA.
 
-cuDNN has no good kernel for a single output channel: its implicit-GEMM fallback took ~20 % of a
-16 x 25-frame bf16 step on an H200. Here each program loads a [time block, all channels] tile per
+cuDNN has no good kernel for a single output channel: its implicit-GEMM fallback took a large
+share of a bf16 step (BENCHMARKS.md). Here each program loads a [time block, all channels] tile per
 tap (any layout, through strides; channels-last makes each tile row contiguous), multiplies by
 that tap's weights and reduces over channels in fp32.
 """

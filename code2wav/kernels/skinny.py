@@ -1,8 +1,8 @@
 """Float32 matrix products with a handful of rows (Triton on CUDA): ``y = x @ W^T + bias``.
 
 In a 1-frame step the low-rate stages (transformer, upsamplers; float32) multiply one to four
-rows by ~200 MB of float32 weights in ~40 products. Those are weight reads, ~40 us of memory
-time on an H200, but cuBLAS's GEMV and split-K kernels read at 1-2 TB/s (~3-5 us each). Here
+rows by ~200 MB of float32 weights in ~40 products. Those are weight reads, bound by memory
+bandwidth, but cuBLAS's GEMV and split-K kernels read well below it at these shapes. Here
 each program reduces a few output columns over the whole K for every row (the rows share each
 weight tile loaded), with enough programs to keep the SMs' loads in flight. Products are plain
 float32 FMAs (no TF32 rounding of the inputs): at least as exact as the GEMMs they replace.
@@ -20,7 +20,7 @@ from code2wav.kernels.snake import triton
 MAX_ROWS = 4  # more rows than this: cuBLAS (the weight tile is then worth a tensor-core GEMM)
 MIN_WEIGHT = 1 << 18  # smaller weights (elements) stay with cuBLAS: launch-bound either way
 TILE = 4096  # weight elements per program per K step (32 fp32 registers a thread at 4 warps)
-PROGRAMS = 256  # aim: about two programs per SM on an H200 (132 SMs)
+PROGRAMS = 256  # aim: about two programs per SM (an H100/H200 has 132 SMs)
 
 if triton is not None:
     import triton.language as tl

@@ -72,8 +72,8 @@ def tile_shape(C: int, L: int, channels_last: bool) -> tuple[int, int]:
     max_l, max_c = MAX_TILE_EDGE
     if channels_last:
         # Tiles that divide C where a power of two >= 16 does: 96 channels as three 32-wide
-        # tiles, not two 64-wide ones with half of the second masked (the 96-channel history
-        # concat at 16 x 25 frames: 127 -> 102 us on an H200, bench/mem_kernels.py).
+        # tiles, not two 64-wide ones with half of the second masked (bench/mem_kernels.py
+        # times the 96-channel history concat both ways).
         exact = C & -C
         bc = min(exact if exact >= 16 else triton.next_power_of_2(C), max_c)
         return max(BLOCK // bc, 2), bc

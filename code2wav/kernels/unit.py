@@ -18,9 +18,9 @@ from torch import Tensor
 from code2wav.kernels import snake
 from code2wav.kernels.snake import fast_sin, is_channels_last, triton
 
-# Tiles from bench/unit_tail.py's sweep on an H200 (bf16, 16 x 25 frames): 4 warps, 4 stages;
-# rows per program so the fp32 accumulator stays at 16k elements (128 rows x 128 channels for 96
-# channels, 64 x 256 for 192; 128 x 256 took 7x as long, likely spilling registers).
+# Tiles from bench/unit_tail.py's sweep (bf16, 16 x 25 frames): 4 warps, 4 stages; rows per
+# program so the fp32 accumulator stays at 16k elements (128 rows x 128 channels for 96
+# channels, 64 x 256 for 192; 128 x 256 was several times slower, likely spilling registers).
 ACC_ELEMENTS = 128 * 128
 NUM_WARPS, NUM_STAGES = 4, 4
 MIN_K = 16  # the GEMM's input-channel slice: 32, or 16 for channel counts it does not divide

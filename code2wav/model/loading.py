@@ -160,7 +160,7 @@ def configure_cuda(dtype: torch.dtype) -> None:
     float32 means float32: cuDNN convolutions default to TF32 (10-bit mantissa), which puts a
     ~1e-3 relative error on this decoder's output, so TF32 is turned off (bfloat16 is the fast
     dtype). Step shapes are bucketed and repeat, so letting cuDNN time its algorithms once per
-    shape pays: its default heuristic picked a legacy kernel that took ~20 % of a bf16 step."""
+    shape pays: its default heuristic picks slow legacy kernels for some of them (BENCHMARKS.md)."""
     if dtype == torch.float32:
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
