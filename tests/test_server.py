@@ -6,11 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import os
 import re
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -33,52 +29,12 @@ from code2wav.model.loading import load_decoder  # noqa: E402
 from code2wav.server.audio import to_int16  # noqa: E402
 from code2wav.stream.engine import StreamEngine  # noqa: E402
 from tests.models import one_thread, random_codes, write_checkpoint  # noqa: E402
+from tests.servers import Server  # noqa: E402
 
 SPF, SR = 1920, 24000
 KEY = "s3cret"
 MAIN_MAX_MESSAGE = 200_000
 MAIN_MAX_FRAMES = 2_000
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, ckpt: Path, log: Path, *extra: str):
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE", MKL_NUM_THREADS="1")
-        env.pop("CODE2WAV_API_KEY", None)
-        self.log = log
-        self._logf = open(log, "wb")
-        cmd = [sys.executable, "-m", "code2wav.cli", "serve", "--model", str(ckpt), "--port", str(self.port), "--dtype", "float32",
-               "--log-level", "warning", *extra]
-        self.proc = subprocess.Popen(cmd, stdout=self._logf, stderr=subprocess.STDOUT, env=env)
-
-    def wait_ready(self, timeout: float = 90) -> None:
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log.read_text()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"server not ready after {timeout} s:\n{self.log.read_text()}")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._logf.close()
 
 
 @pytest.fixture(scope="module")
