@@ -186,7 +186,8 @@ def _add_serve(sub) -> None:
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="compute dtype (default float32)")
     add_low_rate_dtype(p)
     p.add_argument("--api-key", default=os.environ.get("CODE2WAV_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on every endpoint but /health (default: $CODE2WAV_API_KEY)")
+                   help="require 'Authorization: Bearer KEY' on every path but /health, the OpenAPI pages included "
+                        "(default: $CODE2WAV_API_KEY)")
     p.add_argument("--idle-timeout", type=float, default=30.0, help="close a WebSocket stream idle this many seconds (default 30; 0: never)")
     p.add_argument("--max-message-bytes", type=int, default=1 << 20, help="largest WebSocket message (default 1 MiB)")
     p.add_argument("--max-stream-frames", type=int, default=45_000, help="most frames one stream or request may decode (default 45000 = 1 hour)")
