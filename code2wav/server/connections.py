@@ -65,14 +65,16 @@ class _SendDeadline:
 class _ReadDeadline:
     """A request must arrive whole (headers and body) within ``read_timeout`` seconds of the
     connection opening, or, on a kept-alive connection, of the request's first byte (the wait
-    before that byte is ``timeout_keep_alive``'s). Otherwise the server answers 408
-    ``request_timeout`` (unless a response has begun) and closes the connection. The clock
+    before that byte is ``timeout_keep_alive``'s). Otherwise the server closes the connection,
+    first answering 408 ``request_timeout`` if the client sent part of a request and no response
+    has begun (a connection that sent nothing, as a browser's preconnect, is closed quietly). The clock
     restarts while the server itself holds off reading a body (the app is not ready for more of
     it): that wait is not the client's."""
 
     read_timeout: float | None = None
     _read_timer: asyncio.TimerHandle | None = None
     _upgraded = False
+    _bytes_seen = False
     transport: asyncio.Transport
     cycle: Any  # uvicorn's RequestResponseCycle of the current (or last) request; None before the first
     flow: Any  # uvicorn's FlowControl
@@ -82,6 +84,7 @@ class _ReadDeadline:
         self._arm_read_deadline()
 
     def data_received(self, data: bytes) -> None:
+        self._bytes_seen = True
         super().data_received(data)  # type: ignore[misc]
         if self._upgraded:
             return
@@ -125,7 +128,7 @@ class _ReadDeadline:
             return
         log.info("closing the connection of %s: no whole request within %g s (--read-timeout)",
                  self.transport.get_extra_info("peername"), self.read_timeout)
-        if not (in_body and cycle.response_started):
+        if self._bytes_seen and not (in_body and cycle.response_started):
             self.transport.write(_timeout_response(self.read_timeout))  # the app writes nothing after: the connection is gone
         self.transport.close()
 
