@@ -66,10 +66,10 @@ class _ReadDeadline:
     """A request must arrive whole (headers and body) within ``read_timeout`` seconds of the
     connection opening, or, on a kept-alive connection, of the request's first byte (the wait
     before that byte is ``timeout_keep_alive``'s). Otherwise the server closes the connection,
-    first answering 408 ``request_timeout`` if the client sent part of a request and no response
-    has begun (a connection that sent nothing, as a browser's preconnect, is closed quietly). The clock
-    restarts while the server itself holds off reading a body (the app is not ready for more of
-    it): that wait is not the client's."""
+    first answering 408 ``request_timeout`` if the client sent part of a request and no
+    response has begun (a connection that sent nothing, as a browser's preconnect, is closed
+    quietly). The clock restarts while the server itself holds off reading a body (the app is
+    not ready for more of it): that wait is not the client's."""
 
     read_timeout: float | None = None
     _read_timer: asyncio.TimerHandle | None = None
