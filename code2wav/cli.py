@@ -186,11 +186,24 @@ def _add_serve(sub) -> None:
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="compute dtype (default float32)")
     add_low_rate_dtype(p)
     p.add_argument("--api-key", default=os.environ.get("CODE2WAV_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on every endpoint but /health (default: $CODE2WAV_API_KEY)")
-    p.add_argument("--idle-timeout", type=float, default=30.0, help="close a WebSocket stream idle this many seconds (default 30; 0: never)")
+                   help="require 'Authorization: Bearer KEY' on every path but /health, the OpenAPI pages included "
+                        "(default: $CODE2WAV_API_KEY)")
+    p.add_argument("--idle-timeout", type=float, default=30.0,
+                   help="close a WebSocket whose client has sent nothing this many seconds since its last message or the "
+                        "last audio sent, with no chunk in flight (default 30; 0: never)")
     p.add_argument("--max-message-bytes", type=int, default=1 << 20, help="largest WebSocket message (default 1 MiB)")
     p.add_argument("--max-stream-frames", type=int, default=45_000, help="most frames one stream or request may decode (default 45000 = 1 hour)")
     p.add_argument("--max-body-bytes", type=int, default=16 << 20, help="largest POST /v1/decode body (default 16 MiB)")
+    p.add_argument("--max-connections", type=int, default=1024,
+                   help="open connections (HTTP and WebSocket) and requests in progress; past it new HTTP requests get 503 "
+                        "(default 1024; keep it above --max-streams and under the open-file limit, ulimit -n)")
+    p.add_argument("--read-timeout", type=float, default=30.0,
+                   help="seconds for a whole HTTP request (headers and body) to arrive, else 408 and the connection closed "
+                        "(default 30; 0: never)")
+    p.add_argument("--send-timeout", type=float, default=20.0,
+                   help="drop a connection whose client has read nothing for this many seconds while the server has audio "
+                        "waiting for it, freeing its stream's slot (default 20; 0: never)")
+    p.add_argument("--keep-alive-timeout", type=float, default=5.0, help="close an idle HTTP keep-alive connection after this many seconds (default 5)")
     p.add_argument("--no-graphs", action="store_true", help="on CUDA, run steps eagerly instead of replaying CUDA graphs")
     p.add_argument("--first-chunk-wait-ms", type=float, default=None,
                    help="under load, a stream's first chunk may wait this long for other first chunks to share its step; "
@@ -205,15 +218,17 @@ def _run_serve(args: argparse.Namespace) -> int:
         import uvicorn
 
         from code2wav.server.app import Limits, create_app
+        from code2wav.server.connections import uvicorn_settings
     except ImportError as e:
         raise CliError(f"serve needs the web stack ({e.name or e} is missing): pip install 'code2wav[serve]'") from None
     from code2wav.engine.build import build_async_engine
 
-    for name in ("max_streams", "port", "max_message_bytes", "max_stream_frames", "max_body_bytes"):
+    for name in ("max_streams", "port", "max_message_bytes", "max_stream_frames", "max_body_bytes", "max_connections", "keep_alive_timeout"):
         if getattr(args, name) <= 0:
             raise CliError(f"--{name.replace('_', '-')} must be positive")
-    if args.idle_timeout < 0:
-        raise CliError("--idle-timeout must be >= 0")
+    for name in ("idle_timeout", "read_timeout", "send_timeout"):
+        if getattr(args, name) < 0:
+            raise CliError(f"--{name.replace('_', '-')} must be >= 0")
     if args.first_chunk_wait_ms is not None and args.first_chunk_wait_ms < 0:
         raise CliError("--first-chunk-wait-ms must be >= 0")
     device = parse_device(args.device)
@@ -232,6 +247,10 @@ def _run_serve(args: argparse.Namespace) -> int:
         max_stream_frames=args.max_stream_frames,
         max_body_bytes=args.max_body_bytes,
         idle_timeout=args.idle_timeout or None,
+        read_timeout=args.read_timeout or None,
+        send_timeout=args.send_timeout or None,
+        keep_alive_timeout=args.keep_alive_timeout,
+        max_connections=args.max_connections,
     )
     app = create_app(engine, api_key=args.api_key or None, limits=limits)
     print(f"{PROG}: serving on http://{args.host}:{args.port} ({args.max_streams} streams, {args.dtype} on {device}, "
@@ -240,8 +259,9 @@ def _run_serve(args: argparse.Namespace) -> int:
     # The transport drops messages far over the limit itself (close 1009, no JSON error).
     # No permessage-deflate: PCM barely compresses, and zlib on the event loop caps the
     # service's audio rate far below what the GPU steps make (BENCHMARKS.md, the service).
+    # The bounds on slow, idle and non-reading clients: server/connections.py.
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                ws_max_size=4 * args.max_message_bytes + (64 << 10), ws_per_message_deflate=False)
+                ws_max_size=4 * args.max_message_bytes + (64 << 10), ws_per_message_deflate=False, **uvicorn_settings(limits))
     return 0
 
 

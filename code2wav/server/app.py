@@ -9,11 +9,14 @@ wires the pieces: the endpoints are in ``http`` (``POST /v1/decode``) and ``ws``
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from code2wav.engine.async_engine import AsyncEngine
 from code2wav.server.http import decode_endpoint
@@ -42,11 +45,16 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: Limits |
     app.state.engine, app.state.limits, app.state.metrics = engine, limits, metrics
 
     def authorized(header: str | None) -> bool:
+        """``Authorization: Bearer KEY``, the scheme in any case (RFC 7235)."""
         if api_key is None:
             return True
-        if not header or not header.startswith("Bearer "):
+        scheme, _, token = (header or "").strip().partition(" ")
+        if scheme.lower() != "bearer":
             return False
-        return hmac.compare_digest(header[len("Bearer ") :].strip().encode(), api_key.encode())
+        return hmac.compare_digest(token.strip().encode(), api_key.encode())
+
+    if api_key is not None:
+        app.add_middleware(_TokenGate, authorized=authorized, on_refusal=lambda: metrics.errors.labels("unauthorized").inc())
 
     def check_auth(request: Request) -> None:
         if not authorized(request.headers.get("authorization")):
@@ -74,3 +82,22 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: Limits |
     app.post("/v1/decode")(decode_endpoint(service, limits, metrics, check_auth))
     app.websocket("/v1/stream")(stream_endpoint(service, limits, metrics, authorized))
     return app
+
+
+class _TokenGate:
+    """With an API key, refuses every HTTP request but ``/health`` that lacks the token, before
+    routing: so before FastAPI validates a query (401, not 422), before a 404 or 405, and over
+    the OpenAPI pages (``/docs``, ``/redoc``, ``/openapi.json``) too. WebSocket handshakes pass:
+    the session refuses them with the protocol's ``unauthorized`` message and close 1008."""
+
+    def __init__(self, app: ASGIApp, authorized: Callable[[str | None], bool], on_refusal: Callable[[], None]):
+        self.app, self.authorized, self.on_refusal = app, authorized, on_refusal
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] != "/health" and not self.authorized(Headers(scope=scope).get("authorization")):
+            self.on_refusal()
+            refusal = JSONResponse(error_body("unauthorized", "missing or wrong bearer token"), status_code=HTTP_STATUS["unauthorized"],
+                                   headers={"WWW-Authenticate": "Bearer"})
+            await refusal(scope, receive, send)
+            return
+        await self.app(scope, receive, send)

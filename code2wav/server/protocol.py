@@ -59,6 +59,7 @@ HTTP_STATUS = {
     "bad_padding": 400,
     "unsupported_media_type": 415,
     "body_too_big": 413,
+    "request_timeout": 408,
     "too_many_frames": 413,
     "prefix_too_long": 413,
     "pool_full": 503,
@@ -80,6 +81,14 @@ class Limits:
     idle_timeout: float | None = 30.0  # seconds without a client message while nothing is in flight
     http_chunk_frames: int = 25  # POST /v1/decode feeds the engine in chunks of this many frames
     retry_after_s: int = 1  # Retry-After on 503
+    # The transport's bounds (server/connections.py; uvicorn has no read deadline of its own).
+    # None: no bound.
+    read_timeout: float | None = 30.0  # seconds for a whole request (headers and body) to arrive
+    send_timeout: float | None = 20.0  # seconds a connection's writes may stay blocked (its client not reading)
+    keep_alive_timeout: float = 5.0  # seconds an idle HTTP keep-alive connection stays open
+    max_connections: int | None = 1024  # open connections and requests in progress; past it, HTTP 503
+    ws_ping_interval: float | None = 20.0  # a WebSocket ping every this many seconds...
+    ws_ping_timeout: float | None = 20.0  # ...and the connection dropped if its pong is this late
 
 
 class ServiceError(Exception):

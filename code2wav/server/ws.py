@@ -40,15 +40,18 @@ def stream_endpoint(service: Service, limits: Limits, metrics: _Metrics, authori
 class _WsSession:
     """One WebSocket connection = one stream. A receiver task validates chunks and queues them on
     the engine; a sender task returns each chunk's audio in order. At most the engine's
-    ``max_pending_chunks`` chunks are in flight; past that the receiver stops reading (TCP
-    backpressure instead of an error). The engine's worker turns each chunk's audio into the
-    stream's wire format, so the event loop only moves bytes."""
+    ``max_pending_chunks`` chunks are in flight, a chunk counting until its audio is sent; past
+    that the receiver stops reading (TCP backpressure instead of an error). So a client that does
+    not read stops its stream's decoding, and once the server's writes to it have been blocked
+    for ``Limits.send_timeout`` the transport drops the connection (server/connections.py). The
+    engine's worker turns each chunk's audio into the stream's wire format, so the event loop
+    only moves bytes."""
 
     def __init__(self, ws: WebSocket, service: Service, limits: Limits, metrics: _Metrics, authorized: Callable[[str | None], bool]):
         self.ws, self.service, self.limits, self.metrics, self.authorized = ws, service, limits, metrics, authorized
         self.Q, self.SIZE = service.num_quantizers, service.codebook_size
         self.rid: str | None = None
-        self.opened = self.finished = False
+        self.opened = self.finished = self.released = False
         self.fmt = "pcm_s16le"
         self.frames_in = self.frames_out = self.samples = 0
         self.outstanding = 0  # chunks pushed whose audio is not sent yet
@@ -79,16 +82,20 @@ class _WsSession:
             raise
         except Exception as e:
             err = service_error(e)
-            for t in tasks:
-                t.cancel()
+            await self._release(tasks)  # the slot is free before the client hears of the error
             await self._fail(err)
         finally:
-            for t in tasks:
-                t.cancel()
-            for f in list(self.in_flight):
-                f.cancel()  # drops the chunk if its step has not begun
-            if self.opened and not self.finished and self.rid is not None:
-                await self.service.abort_quietly(self.rid)
+            await self._release(tasks)
+
+    async def _release(self, tasks: list[asyncio.Task]) -> None:
+        """Stop the tasks and free the stream's slot (once; a finished stream's is free already)."""
+        for t in tasks:
+            t.cancel()
+        for f in list(self.in_flight):
+            f.cancel()  # drops the chunk if its step has not begun
+        if self.opened and not self.finished and not self.released and self.rid is not None:
+            self.released = True
+            await self.service.abort_quietly(self.rid)
 
     async def _fail(self, err: ServiceError) -> None:
         self.metrics.errors.labels(err.code).inc()
@@ -101,15 +108,25 @@ class _WsSession:
     # -- receiving -----------------------------------------------------------------------------
 
     async def _recv(self) -> tuple[str, object]:
-        """Next message as ("text", str) or ("bytes", bytes), under the size and idle limits."""
+        """Next message as ("text", str) or ("bytes", bytes), under the size and idle limits.
+
+        Idle: the client has sent nothing for ``idle_timeout`` s since the later of its last
+        message and the last audio sent, with no chunk of its in flight (audio it is still owed
+        is not its silence). Each wait ends at that deadline, so the bound is exact; while a chunk
+        is in flight it waits a period and looks again (the deadline then moves to the audio's
+        send)."""
+        idle = self.limits.idle_timeout
         task = asyncio.ensure_future(self.ws.receive())
         try:
             while True:
-                done, _ = await asyncio.wait({task}, timeout=self.limits.idle_timeout)
+                timeout = None
+                if idle:
+                    timeout = idle if self.outstanding else self.last_activity + idle - time.monotonic()
+                    if timeout <= 0:
+                        raise ServiceError("idle_timeout", f"no message for {idle:g} s")
+                done, _ = await asyncio.wait({task}, timeout=timeout)
                 if done:
                     break
-                if self.outstanding == 0 and time.monotonic() - self.last_activity >= (self.limits.idle_timeout or 0):
-                    raise ServiceError("idle_timeout", f"no message for {self.limits.idle_timeout} s")
         except BaseException:
             task.cancel()
             raise
@@ -231,9 +248,9 @@ class _WsSession:
                 break
             try:
                 data: bytes = await fut
+                await self._send(lambda: self.ws.send_bytes(data))  # noqa: B023  (awaited here, in this iteration)
             finally:
-                self.slots.release()
-            await self._send(lambda: self.ws.send_bytes(data))  # noqa: B023  (awaited here, in this iteration)
+                self.slots.release()  # only once sent: a client that does not read holds its chunks in flight
             self.outstanding -= 1
             self.last_activity = time.monotonic()
             if self.t_first_out is None:
