@@ -273,13 +273,18 @@ def test_version(capsys):
         pass
 
 
+def test_the_package_has_a_license_and_py_typed():
+    text = (REPO / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text and "END OF TERMS AND CONDITIONS" in text
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert project["project"]["license"] == "Apache-2.0" and project["project"]["license-files"] == ["LICENSE"]
+    assert (REPO / "code2wav" / "py.typed").is_file() and "py.typed" in project["tool"]["setuptools"]["package-data"]["code2wav"]
+
+
 def test_the_wheel_ships_the_license_and_py_typed(tmp_path):
     """A wheel built from the package's files holds ``code2wav/py.typed`` and the Apache-2.0
     LICENSE (built offline, without build isolation, from a copy of what the wheel is made of)."""
-    pytest.importorskip("setuptools")
-    text = (REPO / "LICENSE").read_text()
-    assert "Apache License" in text and "Version 2.0, January 2004" in text and "END OF TERMS AND CONDITIONS" in text
-    assert (REPO / "code2wav" / "py.typed").is_file()
+    pytest.importorskip("setuptools", minversion="77")  # the SPDX license; torch itself needs it
     src = tmp_path / "src"
     src.mkdir()
     for name in ("pyproject.toml", "README.md", "LICENSE"):
@@ -291,8 +296,11 @@ def test_the_wheel_ships_the_license_and_py_typed(tmp_path):
     import zipfile
 
     (wheel,) = (tmp_path / "dist").glob("code2wav-*.whl")
-    names = zipfile.ZipFile(wheel).namelist()
-    assert "code2wav/py.typed" in names and any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/LICENSE") for n in names), names
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        (metadata,) = (n for n in names if n.endswith(".dist-info/METADATA"))
+        assert "License-Expression: Apache-2.0" in z.read(metadata).decode()
+    assert "code2wav/py.typed" in names and any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
 
 
 def test_serve_reads_host_port_and_limits_from_the_environment_and_flags_win(monkeypatch, capsys):
