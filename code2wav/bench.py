@@ -16,9 +16,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -26,9 +26,25 @@ import torch
 from code2wav.engine.async_engine import AsyncEngine
 from code2wav.engine.build import EngineConfig, build_engine
 from code2wav.engine.graphs import default_batch_frames, use_expandable_segments
+from code2wav.files import out_dir
 from code2wav.model.decoder import Decoder
-from code2wav.options import DTYPES, CliError, add_low_rate_dtype, add_set, chunk_schedule, engine_config, parse_ints
-from code2wav.report import Result, plot, table
+from code2wav.options import (
+    DTYPES,
+    CliError,
+    EnvDefault,
+    add_low_rate_dtype,
+    add_set,
+    add_threads,
+    chunk_schedule,
+    engine_config,
+    non_negative_float,
+    parse_device,
+    parse_floats,
+    parse_ints,
+    positive_int,
+    server_url,
+)
+from code2wav.report import Result, json_safe, plot, table, title
 from code2wav.stream.engine import StreamEngine
 from code2wav.stream.lifecycle import Lifecycle
 
@@ -260,7 +276,7 @@ def run(
                         first_chunk_wait_ms=wait_s * 1e3,
                     )
                 )
-                print(json.dumps(asdict(results[-1])), flush=True)  # kept even if a later level is cut off
+                print(json.dumps(json_safe(asdict(results[-1]))), flush=True)  # kept even if a later level is cut off
                 bar.update(1)
         del core
     bar.close()
@@ -269,19 +285,19 @@ def run(
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="checkpoint (default: embedded random weights)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda[:N] or cpu (default: cuda where there is one)")
     p.add_argument("--dtype", default="bfloat16", choices=DTYPES)
     add_low_rate_dtype(p)
-    p.add_argument("--modes", default=",".join(ALL_MODES))
+    p.add_argument("--modes", default=",".join(ALL_MODES), help=f"comma list of {', '.join(ALL_MODES)} (exact-graph needs CUDA: skipped on CPU)")
     p.add_argument("--levels", default="1,4,16,64,256")
-    p.add_argument("--frames", type=int, default=101, help="frames per stream (after the prefix)")
+    p.add_argument("--frames", type=positive_int, default=101, help="frames per stream (after the prefix)")
     p.add_argument("--chunks", default="1,25", help="chunk schedule, the last size repeating")
     p.add_argument("--prefix", default="0", help="reference prefix frames; comma list runs each")
-    p.add_argument("--stagger-ms", type=float, default=2.0)
-    p.add_argument("--pace", type=float, default=0.0,
+    p.add_argument("--stagger-ms", type=non_negative_float, default=2.0)
+    p.add_argument("--pace", type=non_negative_float, default=0.0,
                    help="talkers generating at this x real time push each chunk when its frames exist, and listeners play from the "
                         "first audio; reports the streams whose playback stalled (0: push the next chunk when the last one's audio is back)")
-    p.add_argument("--seconds", type=float, default=0.0,
+    p.add_argument("--seconds", type=non_negative_float, default=0.0,
                    help="sustained load: each of the c workers opens stream after stream and a window of this many seconds is "
                         "measured once all have started (0: each worker decodes one stream and the whole burst is measured)")
     p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=True,
@@ -295,7 +311,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--first-chunk-wait-ms", default=None,
                    help="how long a first chunk may wait for others to share its forward while other rows keep the GPU busy "
                         "(SchedulePolicy.first_chunk_wait; default: its default); a comma list runs each level once per value")
-    p.add_argument("--max-batch-frames", type=int, default=None,
+    p.add_argument("--max-batch-frames", type=positive_int, default=None,
                    help="padded frames per step; sets the graph pool size (default: graphs.default_batch_frames(), larger "
                         "with the allocator's expandable segments, which code2wav turns on unless PYTORCH_CUDA_ALLOC_CONF is set)")
     p.add_argument("--convt", choices=("gemm", "cudnn"), default="gemm",
@@ -304,9 +320,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run each level of the eager modes once untimed first (default: on CUDA, where every "
                         "new shape's first call costs cuDNN plan building)")
     add_set(p)
+    add_threads(p)
     p.add_argument("--out", default="bench-out", help="directory for results.json and plot.png")
-    p.add_argument("--server", default=None, help="measure a running code2wav serve at this URL instead (TTFP at the client)")
-    p.add_argument("--api-key", default=None, help="bearer token for --server")
+    p.add_argument("--server", type=server_url, default=None, help="measure a running code2wav serve at this URL instead (TTFP at the client)")
+    p.add_argument("--api-key", default=EnvDefault("CODE2WAV_API_KEY"), help="bearer token for --server (default: $CODE2WAV_API_KEY)")
 
 
 def _prefixes(text: str) -> tuple[int, ...]:
@@ -319,46 +336,60 @@ def _prefixes(text: str) -> tuple[int, ...]:
     return values
 
 
+def _modes(text: str, device: torch.device) -> list[str]:
+    """The modes to run; ``exact-graph`` (CUDA graphs) on a CPU is skipped with a note, or refused
+    when it is all that was asked for."""
+    modes = [m for m in text.split(",") if m]
+    bad = [m for m in modes if m not in ALL_MODES]
+    if bad or not modes:
+        raise CliError(f"bad --modes {text!r}: unknown mode(s) {', '.join(bad) or '(none)'}; choose from {', '.join(ALL_MODES)}")
+    if device.type != "cuda" and "exact-graph" in modes:
+        modes.remove("exact-graph")
+        if not modes:
+            raise CliError("--modes exact-graph replays CUDA graphs and needs --device cuda; on a CPU run exact-eager")
+        print(f"code2wav: bench: exact-graph skipped: it replays CUDA graphs, and --device is {device}", file=sys.stderr, flush=True)
+    return modes
+
+
 def main(args: argparse.Namespace) -> int:
     from code2wav.engine.build import load_model
 
     use_expandable_segments()  # before the model touches CUDA
-    args.max_batch_frames = args.max_batch_frames or default_batch_frames()
-
     if args.server:
         from code2wav.loadtest import service_bench
 
         return service_bench(args, _prefixes(args.prefix))
 
-    base = engine_config(args, args.device, [f"channels_last={args.channels_last}", f"layers.convt_gemm={args.convt == 'gemm'}"])
-    modes = [m for m in args.modes.split(",") if m]
-    bad = [m for m in modes if m not in ALL_MODES]
-    if bad:
-        raise SystemExit(f"code2wav bench: unknown mode(s) {bad}; choose from {ALL_MODES}")
+    device = parse_device(args.device)
+    args.max_batch_frames = args.max_batch_frames or default_batch_frames()
+    base = engine_config(args, device, [f"channels_last={args.channels_last}", f"layers.convt_gemm={args.convt == 'gemm'}"])
     levels = parse_ints(args.levels, "--levels", "1,16,64")
     chunks = parse_ints(args.chunks, "--chunks")
     prefixes = _prefixes(args.prefix)
+    waits = (None,) if args.first_chunk_wait_ms is None else tuple(ms / 1e3 for ms in parse_floats(args.first_chunk_wait_ms, "--first-chunk-wait-ms"))
+    modes = _modes(args.modes, device)
+    out = out_dir(args.out, "--out")
     model = load_model(base)
     results = run(model, modes, levels, args.frames, chunks, prefixes, args.stagger_ms / 1e3, args.max_batch_frames, seconds=args.seconds,
                   group_by_size=args.group_by_size, split_lone_group=args.split_lone_group, pace=args.pace, warm_eager=args.warm_eager,
-                  first_chunk_waits=(None,) if args.first_chunk_wait_ms is None else tuple(float(x) / 1e3 for x in args.first_chunk_wait_ms.split(",")),
-                  base=base)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu", "dtype": args.dtype,
+                  first_chunk_waits=waits, base=base)
+    meta = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "dtype": args.dtype,
             "low_rate_dtype": str(model.low_rate_dtype).removeprefix("torch."), "torch": torch.__version__,
             "channels_last": args.channels_last, "max_batch_frames": args.max_batch_frames, "sustained_s": args.seconds,
             "group_by_size": args.group_by_size, "split_lone_group": args.split_lone_group, "pace": args.pace,
             "convt": args.convt, "warm_eager": args.warm_eager,  # None: run()'s default, on for CUDA
             "first_chunk_wait_ms": args.first_chunk_wait_ms,  # None: the engine's default
             "settings": args.settings}
-    (out / "results.json").write_text(json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=2))
-    plot(results, out / "plot.png")
+    # Figures with no value (no CUDA, no graphs, nothing in the window) are null: NaN is not JSON.
+    (out / "results.json").write_text(json.dumps(json_safe({"meta": meta, "results": [asdict(r) for r in results]}), indent=2, allow_nan=False))
+    skipped = plot(results, out / "plot.png", title(meta, args.frames, args.chunks, args.seconds, args.pace))
     print(table(results))
+    wrote = f"{out / 'results.json'}" + ("" if skipped else f" and {out / 'plot.png'}")
+    print(f"code2wav: bench: wrote {wrote}" + (f"; plot.png skipped: {skipped}" if skipped else ""), file=sys.stderr)
     return 0
 
 
-if __name__ == "__main__":
-    _parser = argparse.ArgumentParser(prog="python -m code2wav.bench", description=__doc__)
-    add_arguments(_parser)
-    raise SystemExit(main(_parser.parse_args()))
+if __name__ == "__main__":  # python -m code2wav.bench ARGS is code2wav bench ARGS
+    from code2wav.cli import main as cli_main
+
+    raise SystemExit(cli_main(["bench", *sys.argv[1:]]))

@@ -15,8 +15,22 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from code2wav import __version__
 from code2wav.files import check_output, read_npy, valid_frames, write_audio
-from code2wav.options import DTYPES, CliError, add_low_rate_dtype, add_set, chunk_schedule, engine_config, parse_chunks, parse_device
+from code2wav.options import (
+    DTYPES,
+    CliError,
+    add_env_option,
+    add_low_rate_dtype,
+    add_set,
+    add_threads,
+    apply_threads,
+    chunk_schedule,
+    engine_config,
+    parse_chunks,
+    parse_device,
+    resolve_env_defaults,
+)
 
 PROG = "code2wav"
 EXIT_BAD_INPUT = 2
@@ -28,6 +42,10 @@ PROGRESS_MIN_FRAMES = 250  # 20 s of audio: shorter inputs get no progress bar
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line instead of usage + message
         raise CliError(f"{message} (see '{self.prog} --help')")
+
+    def parse_known_args(self, args=None, namespace=None):  # defaults from the environment, once parsed (options.EnvDefault)
+        ns, rest = super().parse_known_args(args, namespace)
+        return resolve_env_defaults(ns), rest
 
 
 # -- shared helpers ----------------------------------------------------------------------------------
@@ -69,6 +87,7 @@ def _add_decode(sub) -> None:
     )
     p.add_argument("--chunks", metavar="N[,N...]", default=None, help="stream in these chunk sizes, the last repeating (e.g. 1,4,8,25)")
     p.add_argument("--prefix", metavar="REF.npy", default=None, help="reference (voice-clone) codes opening the stream; their audio is not output")
+    add_threads(p)
     p.set_defaults(func=_run_decode)
 
 
@@ -179,21 +198,22 @@ def _add_serve(sub) -> None:
         ),
     )
     p.add_argument("--model", metavar="PATH", default=None, help="tokenizer dir, full Qwen3-TTS model dir, or hub id (default: embedded random weights)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8091, help="port (default 8091)")
-    p.add_argument("--max-streams", type=int, default=64, help="concurrent streams (state-pool slots; default 64)")
+    # Every limit and address also reads a CODE2WAV_* variable (a container's settings); a flag wins.
+    add_env_option(p, "--host", "CODE2WAV_HOST", "127.0.0.1", str, "address to bind")
+    add_env_option(p, "--port", "CODE2WAV_PORT", 8091, int, "port")
+    add_env_option(p, "--max-streams", "CODE2WAV_MAX_STREAMS", 64, int, "concurrent streams (state-pool slots)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="compute dtype (default float32)")
     add_low_rate_dtype(p)
     p.add_argument("--api-key", default=os.environ.get("CODE2WAV_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on every path but /health, the OpenAPI pages included "
                         "(default: $CODE2WAV_API_KEY)")
-    p.add_argument("--idle-timeout", type=float, default=30.0,
-                   help="close a WebSocket whose client has sent nothing this many seconds since its last message or the "
-                        "last audio sent, with no chunk in flight (default 30; 0: never)")
-    p.add_argument("--max-message-bytes", type=int, default=1 << 20, help="largest WebSocket message (default 1 MiB)")
-    p.add_argument("--max-stream-frames", type=int, default=45_000, help="most frames one stream or request may decode (default 45000 = 1 hour)")
-    p.add_argument("--max-body-bytes", type=int, default=16 << 20, help="largest POST /v1/decode body (default 16 MiB)")
+    add_env_option(p, "--idle-timeout", "CODE2WAV_IDLE_TIMEOUT", 30.0, float,
+                   "close a WebSocket whose client has sent nothing this many seconds since its last message or the last audio sent, "
+                   "with no chunk in flight (0: never)")
+    add_env_option(p, "--max-message-bytes", "CODE2WAV_MAX_MESSAGE_BYTES", 1 << 20, int, "largest WebSocket message in bytes")
+    add_env_option(p, "--max-stream-frames", "CODE2WAV_MAX_STREAM_FRAMES", 45_000, int, "most frames one stream or request may decode (45000: 1 hour)")
+    add_env_option(p, "--max-body-bytes", "CODE2WAV_MAX_BODY_BYTES", 16 << 20, int, "largest POST /v1/decode body in bytes")
     p.add_argument("--max-connections", type=int, default=1024,
                    help="open connections (HTTP and WebSocket) and requests in progress; past it new HTTP requests get 503 "
                         "(default 1024; keep it above --max-streams and under the open-file limit, ulimit -n)")
@@ -209,6 +229,7 @@ def _add_serve(sub) -> None:
                    help="under load, a stream's first chunk may wait this long for other first chunks to share its step; "
                         "only while the device is saturated (default: SchedulePolicy.first_chunk_wait; 0: at once)")
     add_set(p)
+    add_threads(p)
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(func=_run_serve)
 
@@ -280,6 +301,7 @@ SUBCOMMANDS: list[Callable] = [_add_decode, _add_bench, _add_serve, _add_loadtes
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Exact streaming Code2Wav for Qwen3-TTS 12 Hz codec frames.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in SUBCOMMANDS:
         add(sub)
@@ -306,6 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     use_expandable_segments()  # before anything touches CUDA
     try:
         args = build_parser().parse_args(argv)
+        apply_threads(args)
         return int(args.func(args))
     except SystemExit as e:  # --help
         return e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_BAD_INPUT)

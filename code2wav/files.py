@@ -55,6 +55,16 @@ def read_npy(path: str, what: str) -> np.ndarray:
     return arr
 
 
+def out_dir(path: str, flag: str) -> Path:
+    """An output directory (``flag``'s value), made if missing."""
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CliError(f"{flag} {path}: cannot make the directory ({e.strerror or e})") from None
+    return p
+
+
 def check_output(path: str) -> str:
     """Validate an output path before any work is done; returns its kind (the extension)."""
     p = Path(path)
@@ -74,20 +84,19 @@ def check_output(path: str) -> str:
 
 
 def write_audio(path: str, kind: str, wav, sample_rate: int) -> None:
-    """``.wav``/``.flac``: 16-bit PCM; ``.npy``: the samples unquantized (bfloat16 as float32, exact)."""
+    """``.wav``/``.flac``: 16-bit PCM, quantized as the service does (``code2wav.audio.to_int16``:
+    soundfile's own float conversion rounds differently); ``.npy``: the samples unquantized
+    (bfloat16 as float32, exact)."""
     import torch
 
-    if wav.dtype == torch.bfloat16:
-        wav = wav.float()
-    data = wav.detach().cpu().numpy()
     try:
         if kind == ".npy":
-            np.save(path, data)
+            np.save(path, (wav.float() if wav.dtype == torch.bfloat16 else wav).detach().cpu().numpy())
         else:
             import soundfile as sf
 
-            if data.dtype == np.float16:  # soundfile takes float32/64 (exact for float16 values)
-                data = data.astype(np.float32)
-            sf.write(path, data, sample_rate, subtype="PCM_16", format=kind[1:].upper())
+            from code2wav.audio import to_int16
+
+            sf.write(path, to_int16(wav), sample_rate, subtype="PCM_16", format=kind[1:].upper())
     except (OSError, RuntimeError) as e:  # soundfile raises LibsndfileError (a RuntimeError)
         raise CliError(f"output {path}: cannot write ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None

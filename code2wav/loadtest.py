@@ -6,6 +6,11 @@ back). Reports streams served, errors by code, time to first packet at the clien
 sent -> first audio received) p50/p99, audio throughput, and the server's resident memory and
 pool use at start and end (from ``/metrics``). ``code2wav bench --server URL`` runs the bench's
 fixed workload (each of N streams decodes F frames once) through the same client path.
+
+A worker refused for a full pool (``pool_full``/``queue_full``) or a lost connection waits the
+server's ``Retry-After`` (1 s where none came, as on a WebSocket close 1013; at most 10 s, never
+past the run's end) before it opens its next stream. A server that cannot be reached or refuses
+the key (``--api-key``, default ``$CODE2WAV_API_KEY``) is one error line.
 """
 
 from __future__ import annotations
@@ -15,14 +20,18 @@ import asyncio
 import json
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from code2wav.client import AsyncClient, ServerError
-from code2wav.options import chunk_schedule, parse_ints
+from code2wav.files import out_dir
+from code2wav.options import CliError, EnvDefault, chunk_schedule, non_negative_int, parse_ints, positive_float, positive_int, server_url
+from code2wav.report import json_safe
 
 SPF, SR = 1920, 24000
+RETRY_CODES = ("pool_full", "queue_full", "connection")  # refusals a worker waits out before its next stream
+RETRY_AFTER_S = 1.0  # without a Retry-After (a WebSocket close 1013 carries none): the server's own on 503 (Limits.retry_after_s)
+MAX_RETRY_AFTER_S = 10.0  # however long a server asks for, a worker tries again within this
 
 
 @dataclass
@@ -56,7 +65,15 @@ async def server_gauges(client: AsyncClient) -> dict[str, float]:
     return out
 
 
-async def one_stream(client: AsyncClient, rng: np.random.Generator, frames: int, schedule: list[int], prefix: int, res: LoadResult) -> None:
+def retry_delay(e: ServerError) -> float:
+    """Seconds to wait after refusal ``e`` before the next stream."""
+    return min(MAX_RETRY_AFTER_S, RETRY_AFTER_S if e.retry_after is None else e.retry_after)
+
+
+async def one_stream(client: AsyncClient, rng: np.random.Generator, frames: int, schedule: list[int], prefix: int, res: LoadResult) -> ServerError | None:
+    """One stream start to end; returns the error that ended it (counted in ``res``), if any."""
+    from websockets.exceptions import WebSocketException
+
     codes = rng.integers(0, 2048, (prefix + frames, 16))
     try:
         async with client.stream(prefix=codes[:prefix] if prefix else None, format="pcm_s16le") as s:
@@ -71,8 +88,13 @@ async def one_stream(client: AsyncClient, rng: np.random.Generator, frames: int,
                 at += n
             await s.end()
         res.streams_served += 1
+        return None
     except ServerError as e:
-        res.errors[e.code] = res.errors.get(e.code, 0) + 1
+        err = e
+    except (OSError, WebSocketException) as e:  # refused or dropped mid-run (the server stopped, say)
+        err = ServerError("connection", f"{type(e).__name__}: {e}")
+    res.errors[err.code] = res.errors.get(err.code, 0) + 1
+    return err
 
 
 async def load(url: str, streams: int, seconds: float, frames: int = 101, schedule: list[int] | None = None,
@@ -88,11 +110,16 @@ async def load(url: str, streams: int, seconds: float, frames: int = 101, schedu
         async def worker(i: int) -> None:
             rng = np.random.default_rng(seed * 100_003 + i)
             while time.perf_counter() < deadline:
-                await one_stream(client, rng, frames, schedule, prefix, res)
+                err = await one_stream(client, rng, frames, schedule, prefix, res)
+                if err is not None and err.code in RETRY_CODES:  # back off instead of flooding a full server
+                    await asyncio.sleep(max(0.0, min(retry_delay(err), deadline - time.perf_counter())))
 
         await asyncio.gather(*(worker(i) for i in range(streams)))
         res.seconds = time.perf_counter() - t0
-        res.server_after = await server_gauges(client)
+        try:
+            res.server_after = await server_gauges(client)
+        except (ServerError, OSError):  # the server went away: the run's figures stand without its gauges
+            res.server_after = {}
     return res
 
 
@@ -100,6 +127,7 @@ async def fixed(url: str, streams: int, frames: int, schedule: list[int], prefix
     """The bench workload through the service: each of N streams decodes ``frames`` once."""
     res = LoadResult(streams=streams, seconds=0.0)
     async with AsyncClient(url, api_key=api_key) as client:
+        await client.metrics()  # the server answers and takes the key (else one error line, see _run)
         t0 = time.perf_counter()
         await asyncio.gather(*(one_stream(client, np.random.default_rng(i), frames, schedule, prefix, res) for i in range(streams)))
         res.seconds = time.perf_counter() - t0
@@ -107,22 +135,38 @@ async def fixed(url: str, streams: int, frames: int, schedule: list[int], prefix
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--server", required=True, help="base URL of a running code2wav serve, e.g. http://127.0.0.1:8091")
-    p.add_argument("--streams", type=int, default=32)
-    p.add_argument("--seconds", type=float, default=10.0)
-    p.add_argument("--frames", type=int, default=101)
-    p.add_argument("--chunks", default="1,25")
-    p.add_argument("--prefix", type=int, default=0)
-    p.add_argument("--api-key", default=None)
+    p.add_argument("--server", required=True, type=server_url, help="base URL of a running code2wav serve, e.g. http://127.0.0.1:8091")
+    p.add_argument("--streams", type=positive_int, default=32, help="workers, each opening stream after stream")
+    p.add_argument("--seconds", type=positive_float, default=10.0)
+    p.add_argument("--frames", type=positive_int, default=101, help="frames per stream (after the prefix)")
+    p.add_argument("--chunks", default="1,25", help="chunk schedule, the last size repeating")
+    p.add_argument("--prefix", type=non_negative_int, default=0, help="reference prefix frames per stream")
+    p.add_argument("--api-key", default=EnvDefault("CODE2WAV_API_KEY"), help="bearer token (default: $CODE2WAV_API_KEY)")
     p.add_argument("--json", default=None, help="also write the summary here")
 
 
+def _run(url: str, work):
+    """``asyncio.run(work)``, a server that cannot be reached or refuses the key turned into one
+    error line (``CliError``) instead of a traceback."""
+    import httpx
+
+    try:
+        return asyncio.run(work)
+    except ServerError as e:
+        if e.status == 401 or e.code == "unauthorized":
+            raise CliError(f"{url} refused the request: 401 unauthorized ({e.message}); pass --api-key KEY or set CODE2WAV_API_KEY") from None
+        raise CliError(f"{url} answered {e.status or e.close_code} {e.code}: {e.message}") from None
+    except (httpx.TransportError, OSError) as e:
+        raise CliError(f"cannot reach {url} ({str(e).strip() or type(e).__name__}); is code2wav serve running there?") from None
+
+
 def main(args: argparse.Namespace) -> int:
-    res = asyncio.run(load(args.server, args.streams, args.seconds, args.frames, parse_ints(args.chunks, "--chunks"), args.prefix, args.api_key))
+    chunks = parse_ints(args.chunks, "--chunks")
+    res = _run(args.server, load(args.server, args.streams, args.seconds, args.frames, chunks, args.prefix, args.api_key))
     summary = res.summary()
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(summary, f, indent=2)
+            json.dump(json_safe(summary), f, indent=2, allow_nan=False)
     mb = lambda d: d.get("process_resident_memory_bytes", float("nan")) / 2**20  # noqa: E731
     print(f"streams served {res.streams_served} in {res.seconds:.1f}s by {res.streams} workers; errors {res.errors or 0}")
     print(f"TTFP p50 {summary['ttfp_p50_ms']:.1f} ms, p99 {summary['ttfp_p99_ms']:.1f} ms; audio {res.audio_s:.1f}s ({summary['throughput_x']:.1f}x real time)")
@@ -134,14 +178,14 @@ def main(args: argparse.Namespace) -> int:
 def service_bench(args: argparse.Namespace, prefixes: tuple[int, ...]) -> int:
     """The same workload through the service's WebSocket API, one row per level and prefix."""
     rows = []
+    levels, chunks = parse_ints(args.levels, "--levels", "1,16,64"), parse_ints(args.chunks, "--chunks")
+    out = out_dir(args.out, "--out")
     for pfx in prefixes:
-        for c in parse_ints(args.levels, "--levels", "1,16,64"):
-            r = asyncio.run(fixed(args.server, c, args.frames, parse_ints(args.chunks, "--chunks"), pfx, args.api_key))
+        for c in levels:
+            r = _run(args.server, fixed(args.server, c, args.frames, chunks, pfx, args.api_key))
             rows.append({"mode": "service", "concurrency": c, "prefix_frames": pfx, **r.summary()})
-            print(json.dumps(rows[-1]), flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps({"meta": {"server": args.server}, "results": rows}, indent=2))
+            print(json.dumps(json_safe(rows[-1])), flush=True)
+    (out / "results.json").write_text(json.dumps(json_safe({"meta": {"server": args.server}, "results": rows}), indent=2, allow_nan=False))
     print(f"{'mode':<10}{'c':>5}{'pfx':>5}{'x RT':>9}{'TTFP p50':>10}{'TTFP p99':>10}{'errors':>8}")
     for r in rows:
         print(f"{r['mode']:<10}{r['concurrency']:>5}{r['prefix_frames']:>5}{r['throughput_x']:>9.1f}{r['ttfp_p50_ms']:>10.2f}{r['ttfp_p99_ms']:>10.2f}{sum(r['errors'].values()):>8}")

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+import os
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from code2wav.model.config import DTYPES
@@ -18,6 +20,106 @@ from code2wav.model.config import DTYPES
 
 class CliError(Exception):
     """Bad input or environment, reported as one line on stderr with exit status 2."""
+
+
+# -- argparse types (their message follows "argument --flag: ") -------------------------------------
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def server_url(text: str) -> str:
+    if not text.startswith(("http://", "https://")) or len(text.split("://", 1)[1].strip("/")) == 0:
+        raise argparse.ArgumentTypeError(f"expected the server's base URL, e.g. http://127.0.0.1:8091, got {text!r}")
+    return text.rstrip("/")
+
+
+# -- defaults from the environment -------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvDefault:
+    """An option's default taken from environment variable ``var`` when the command runs
+    (``fallback`` when it is unset or empty); the flag, when given, wins. ``code2wav.cli``'s
+    parser resolves it after parsing (:func:`resolve_env_defaults`), so that a bad value is one
+    error line naming the variable, and only for the subcommand that reads it."""
+
+    var: str
+    fallback: Any = None
+    parse: Callable[[str], Any] = str
+
+    def value(self) -> Any:
+        text = os.environ.get(self.var, "")
+        if not text:
+            return self.fallback
+        try:
+            return self.parse(text)
+        except (ValueError, argparse.ArgumentTypeError) as e:
+            raise CliError(f"bad ${self.var} {text!r}: {e}") from None
+
+    def __str__(self) -> str:  # what %(default)s shows in --help
+        return f"{self.fallback}, or ${self.var}"
+
+
+def resolve_env_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    for name, value in vars(args).items():
+        if isinstance(value, EnvDefault):
+            setattr(args, name, value.value())
+    return args
+
+
+def add_env_option(p: argparse.ArgumentParser, flag: str, var: str, fallback: Any, parse: Callable[[str], Any], help: str, **kw: Any) -> None:
+    """``flag`` with its default from ``$var`` (else ``fallback``); the help names both."""
+    p.add_argument(flag, type=parse, default=EnvDefault(var, fallback, parse), help=f"{help} (default {fallback}; ${var})", **kw)
+
+
+def add_threads(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=positive_int, default=EnvDefault("CODE2WAV_THREADS", None, positive_int), metavar="N",
+                   help="CPU threads for torch's kernels (torch.set_num_threads). On a shared CPU give the cores this process may "
+                        "use; by default torch takes one per core ($CODE2WAV_THREADS)")
+
+
+def apply_threads(args: argparse.Namespace) -> None:
+    """``--threads N``: torch's intra-op threads, before any work runs."""
+    n = getattr(args, "threads", None)
+    if n:
+        import torch
+
+        torch.set_num_threads(n)
 
 
 def parse_ints(text: str, what: str, example: str = "1,4,8,25") -> list[int]:
@@ -28,6 +130,17 @@ def parse_ints(text: str, what: str, example: str = "1,4,8,25") -> list[int]:
         values = []
     if not values or any(n <= 0 for n in values):
         raise CliError(f"bad {what} {text!r}: expected comma-separated positive integers, e.g. {example}")
+    return values
+
+
+def parse_floats(text: str, what: str, example: str = "0,5") -> list[float]:
+    """``"0,5"`` -> ``[0.0, 5.0]``; every value a finite number >= 0."""
+    try:
+        values = [float(s) for s in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or any(not math.isfinite(v) or v < 0 for v in values):
+        raise CliError(f"bad {what} {text!r}: expected comma-separated numbers >= 0, e.g. {example}")
     return values
 
 

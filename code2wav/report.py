@@ -1,10 +1,13 @@
 """A bench run's report: one :class:`Result` per mode, concurrency level and prefix, printed as
-a table and drawn as a plot (throughput and first packet against concurrent streams)."""
+a table, written as JSON (:func:`json_safe`) and drawn as a plot (throughput and first packet
+against concurrent streams; needs matplotlib, the ``bench`` extra)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass
@@ -52,27 +55,73 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
-def plot(results: list[Result], path: Path) -> bool:
-    try:
-        import matplotlib
+def json_safe(obj: Any) -> Any:
+    """``obj`` with every NaN or infinite float as None: JSON has no NaN (``null`` it is)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for mode, wait in dict.fromkeys((r.mode, r.first_chunk_wait_ms) for r in results):
-        rs = [r for r in results if (r.mode, r.first_chunk_wait_ms) == (mode, wait) and r.prefix_frames == results[0].prefix_frames]
-        label = mode if len({r.first_chunk_wait_ms for r in results}) == 1 else f"{mode}, first chunks wait {wait:g} ms"
+
+def title(meta: dict, frames: int, chunks: str, seconds: float, pace: float) -> str:
+    """What the plot's title says: where the bench ran, and on what workload."""
+    load = f"sustained {seconds:g} s" if seconds else "each stream once"
+    if pace:
+        load += f", talkers at {pace:g}x real time"
+    return (f"{meta['device']}, {meta['dtype']} (low-rate stages {meta['low_rate_dtype']}); "
+            f"{frames} frames a stream in chunks {chunks}, {load}")
+
+
+def figure(results: list[Result], title: str = ""):
+    """The plot as a matplotlib Figure: throughput and first packet p50 against concurrent
+    streams, both axes logarithmic with plain numbers, one series per mode, prefix and first
+    chunk wait (when several were run)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
+
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    levels = sorted({r.concurrency for r in results})
+    several_waits = len({r.first_chunk_wait_ms for r in results}) > 1
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.8))
+    for key in dict.fromkeys((r.mode, r.prefix_frames, r.first_chunk_wait_ms) for r in results):
+        mode, prefix, wait = key
+        rs = sorted((r for r in results if (r.mode, r.prefix_frames, r.first_chunk_wait_ms) == key), key=lambda r: r.concurrency)
+        label = f"{mode}, " + (f"{prefix}-frame prefix" if prefix else "no prefix") + (f", first chunks wait {wait:g} ms" if several_waits else "")
         a.plot([r.concurrency for r in rs], [r.throughput_x for r in rs], marker="o", label=label)
         b.plot([r.concurrency for r in rs], [r.ttfp_p50_ms for r in rs], marker="o", label=label)
-    for ax, title in ((a, "throughput (x real time)"), (b, "time to first packet p50 (ms)")):
+    for ax, ylabel in ((a, "throughput (audio seconds per second, x real time)"), (b, "time to first packet, p50 (ms)")):
         ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(FixedLocator(levels))  # the levels run, as plain numbers
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_major_formatter(plain)
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))  # labels even within one decade
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("concurrent streams")
-        ax.set_title(title)
+        ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize="small")
+    fig.suptitle(title)
     fig.tight_layout()
+    return fig
+
+
+def plot(results: list[Result], path: Path, title: str = "") -> str | None:
+    """Write :func:`figure` to ``path`` (PNG); returns None, or why no plot was written."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return "matplotlib is not installed (pip install 'code2wav[bench]')"
+    import matplotlib.pyplot as plt
+
+    fig = figure(results, title)
     fig.savefig(path, dpi=120)
-    return True
+    plt.close(fig)
+    return None

@@ -20,11 +20,14 @@ def _free_port() -> int:
 
 
 class Server:
-    def __init__(self, ckpt: Path, log: Path, *extra: str):
+    """``env``: environment variables for the server (e.g. ``CODE2WAV_MAX_BODY_BYTES``); the
+    caller's own ``CODE2WAV_*`` settings are not passed on (the cache's location aside)."""
+
+    def __init__(self, ckpt: Path, log: Path, *extra: str, env: dict[str, str] | None = None):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE", MKL_NUM_THREADS="1")
-        env.pop("CODE2WAV_API_KEY", None)
+        base = {k: v for k, v in os.environ.items() if not k.startswith("CODE2WAV_") or k == "CODE2WAV_CACHE"}
+        env = {**base, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "MKL_NUM_THREADS": "1", **(env or {})}
         self.log = log
         self._logf = open(log, "wb")
         cmd = [sys.executable, "-m", "code2wav.cli", "serve", "--model", str(ckpt), "--port", str(self.port), "--dtype", "float32",

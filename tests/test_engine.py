@@ -35,6 +35,37 @@ class Spy(EagerRunner):
 SPF = 1920
 
 
+class GatherFirst(AsyncEngine):
+    """An :class:`AsyncEngine` whose worker takes nothing until ``first`` chunks are queued, then
+    works as usual: which rows share the first step then does not depend on when the worker
+    thread happens to wake (a loaded machine may wake it between two pushes)."""
+
+    def __init__(self, *a, first: int, **k):
+        super().__init__(*a, **k)
+        self._first = first
+
+    def _take(self, in_flight, futures, encoders):
+        if self._first and sum(len(q) for q in self._pending.values()) < self._first:
+            return {}  # the worker sleeps until the next push wakes it
+        self._first = 0
+        return super()._take(in_flight, futures, encoders)
+
+
+class VirtualClock:
+    """A clock that only a simulated device moves: each step the runner takes advances it by
+    ``step_s``. Patched in as the bench's clock, it makes which chunks fall inside a measured
+    window a matter of step counts, not of how fast this machine runs them."""
+
+    def __init__(self, step_s: float):
+        self.now, self.step_s = 0.0, step_s
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def step(self, c, slots, n_new) -> None:  # a Spy ``before``: the step then decodes for real
+        self.now += self.step_s
+
+
 @pytest.fixture(autouse=True)
 def _threads():
     with one_thread():
@@ -59,7 +90,7 @@ def test_concurrent_streams_equal_each_alone(m, codes):
 
     async def main():
         core = StreamEngine(m, max_streams=12, max_step_frames=16, max_batch_frames=64)
-        async with AsyncEngine(core) as eng:
+        async with GatherFirst(core, first=12) as eng:  # every first chunk queued before the first step
             seen: list[int] = []
             eng.on_step.append(lambda seconds, rows, frames: seen.append(rows))
 
@@ -84,7 +115,7 @@ def test_concurrent_streams_equal_each_alone(m, codes):
     ref = forward_audio(m, codes[: 40 + n])
     for i, (p, _) in enumerate(specs):
         assert (outs[i] - ref[p * SPF : (p + n) * SPF]).abs().max() <= 1e-9, i
-    assert rows / steps > 1.5, "streams were batched together"
+    assert rows > steps, "streams were batched together"  # the first step alone holds 12 rows in fewer forwards
     assert core.active == 0 and core.pool.in_use == 0
 
 
@@ -257,7 +288,7 @@ def test_new_chunks_join_a_running_step(m, codes):
             a1 = await asyncio.wait_for(fa, 10)  # "a" is back while "b" is held
             while not held.is_set():
                 await asyncio.sleep(0.001)
-            await asyncio.wait_for(eng.open("c"), 1)  # does not wait for the step
+            await asyncio.wait_for(eng.open("c"), 5)  # does not wait for the step (held until hold is set, up to 10 s)
             fc, fa2 = eng.submit("c", codes[:5]), eng.submit("a", codes[8:13])
             hold.set()
             outs = await asyncio.wait_for(asyncio.gather(fb, fc, fa2), 10)
@@ -736,19 +767,20 @@ def test_bench_runs_eager_levels_warm_when_asked(m, monkeypatch):
     assert calls[1:] == [(1, 1), (3, 3)]  # on CPU the default is off
 
 
-def test_bench_sustained_load_measures_a_window(m):
+def test_bench_sustained_load_measures_a_window(m, monkeypatch):
     """``--seconds``: every worker opens stream after stream; only the window after all workers
     started is measured, so the audio counted is what completed in it, and more streams than
-    workers have run by the end, each decoded in full or cut at the window's close."""
-    import time
+    workers have run by the end, each decoded in full or cut at the window's close. The bench's
+    clock is one that each step moves by 50 ms: the 0.6 s window holds about 12 steps however
+    fast this machine runs them (each step decodes at least one chunk, so at least 6 streams'
+    two chunks land in it)."""
+    from code2wav import bench
 
-    from code2wav.bench import _workload
-
-    core = StreamEngine(m, max_streams=3, max_step_frames=8, max_batch_frames=32)
-    t0 = time.perf_counter()
-    res = asyncio.run(_workload(core, 3, 6, [1, 5], 0, 0.01, seed=1, seconds=0.6))
-    took = time.perf_counter() - t0
-    assert res.wall == 0.6 and took >= 0.6 + 2 * 0.01
+    clock = VirtualClock(0.05)
+    monkeypatch.setattr(bench, "time", clock)
+    core = StreamEngine(m, runner=Spy(m, 3, clock.step), max_step_frames=8, max_batch_frames=32)
+    res = asyncio.run(bench._workload(core, 3, 6, [1, 5], 0, 0.01, seed=1, seconds=0.6))
+    assert res.wall == 0.6 and clock.now > 0.6 + 2 * 0.01  # the window closed at its end, on the bench's clock
     assert res.streams > 3 and len(res.ttfp) >= 3 and len(res.chunk) >= len(res.ttfp)
     assert res.samples > 0 and res.samples % SPF == 0
     assert res.samples <= res.streams * 6 * SPF
@@ -812,44 +844,66 @@ def test_bench_reports_the_share_of_padded_work(m):
     assert "54.2" in table([Result(**fields)])
 
 
-def test_bench_reports_the_time_share_of_first_chunk_sized_steps(m):
+def test_bench_reports_the_time_share_of_first_chunk_sized_steps(m, monkeypatch):
     """``small_steps_pct``: the share of step time spent in forwards of at most 8 padded frames a
     row (the first chunks' size class), each forward's width as the engine reports it with its
     time (not read from a running count, which a pipelined next group has already moved)."""
+    import functools
+
+    from code2wav import bench
     from code2wav.bench import _small_steps_pct, _workload
 
     assert _small_steps_pct([0.001, 0.002, 0.003, 0.004], [1, 25, 8, 9]) == pytest.approx(100 * 0.004 / 0.010)
     assert np.isnan(_small_steps_pct([], []))
-    core = StreamEngine(m, max_streams=2, max_step_frames=8, max_batch_frames=8)
+    ran = []  # (rows, frames a row) of every forward, as the runner saw it
+    core = StreamEngine(m, runner=Spy(m, 2, lambda c, slots, n_new: ran.append((c.shape[0], c.shape[-1]))), max_step_frames=8, max_batch_frames=8)
+    # Both first chunks are queued before the worker takes any (otherwise whether they share a
+    # forward depends on when the worker thread wakes).
+    monkeypatch.setattr(bench, "AsyncEngine", functools.partial(GatherFirst, first=2))
     res = asyncio.run(_workload(core, 2, 6, [1, 5], 0, 0.0, seed=2))
-    assert sorted(zip(res.rows, res.widths)) == [(1, 5), (1, 5), (2, 1)]  # both first chunks, then each 5-frame chunk
+    assert list(zip(res.rows, res.widths)) == ran == [(2, 1), (1, 5), (1, 5)]  # both first chunks, then each 5-frame chunk
 
 
-def test_bench_paced_talkers_count_the_stalls_the_decoder_adds(m):
+def test_bench_paced_talkers_count_the_stalls_the_decoder_adds(m, monkeypatch):
     """``--pace``: each chunk is pushed when a talker at that speed has its frames, not when the
     last audio is back; per stream we keep the playback stall the decoder adds beyond the
     talker's own (here the talker alone stalls the listener for 120 ms after the 1-frame first
-    chunk). A decoder that answers at once adds none; one that takes 100 ms per 5-frame chunk
-    adds about that."""
+    chunk). A decoder that answers at once adds no more than its own delay; one that takes 100
+    ms per 5-frame chunk adds about that. Checked against each stream's push and audio times as
+    the bench saw them, so that no bound depends on how fast this machine runs."""
     import time
 
+    from code2wav import bench
     from code2wav.bench import _workload, playback_stall
 
     assert playback_stall((0.0, 0.05, 0.3), (1, 1, 1), 12.5) == pytest.approx(0.14)  # 80 ms frames
     assert playback_stall((0.0, 0.05, 0.1), (1, 1, 1), 12.5) == 0.0
+    seen: list[tuple[float, ...]] = []  # every playback_stall call's arrivals: per stream, audio times then push times
+    monkeypatch.setattr(bench, "playback_stall", lambda arrivals, frames, fps: (seen.append(arrivals), playback_stall(arrivals, frames, fps))[1])
 
     def run(slow: bool):  # the runner returns silence at once, or after 100 ms for 5 frames
         silence = lambda c, slots, n_new: (time.sleep(0.1) if slow and c.shape[-1] == 5 else None, torch.zeros(c.shape[0], c.shape[-1] * SPF))[1]  # noqa: E731
         core = StreamEngine(m, runner=Spy(m, 2, silence))
+        seen.clear()
         t0 = time.perf_counter()
         res = asyncio.run(_workload(core, 2, 6, [1, 5], 0, 0.0, seed=3, pace=2.0))  # chunks due at 40 and 240 ms
-        return res, time.perf_counter() - t0
+        streams = [(pushed, landed) for landed, pushed in zip(seen[0::2], seen[1::2])]
+        assert len(res.stalls) == len(res.ttfp) == len(streams) == 2
+        for (pushed, landed), stall, ttfp in zip(streams, res.stalls, res.ttfp):
+            assert landed[0] - pushed[0] == pytest.approx(ttfp, abs=1e-9)
+            assert stall == max(0.0, playback_stall(landed, (1, 5), 12.5) - playback_stall(pushed, (1, 5), 12.5))
+        return res, streams, time.perf_counter() - t0
 
-    fast, took = run(slow=False)
-    assert took >= 0.24 and len(fast.stalls) == 2 and len(fast.ttfp) == 2
-    assert all(s < 0.02 for s in fast.stalls), fast.stalls
-    slow, _ = run(slow=True)
-    assert all(0.08 < s < 0.3 for s in slow.stalls), slow.stalls
+    fast, streams, took = run(slow=False)
+    assert took >= 0.24  # the talkers' pace (a lower bound)
+    for (pushed, landed), stall in zip(streams, fast.stalls):
+        assert stall <= landed[1] - pushed[1] + 1e-9  # at most the decoder's own delay of the second chunk
+    slow, streams, _ = run(slow=True)
+    for (pushed, landed), stall, ttfp in zip(streams, slow.stalls, slow.ttfp):
+        assert landed[1] - pushed[1] >= 0.1
+        # The 100 ms, less what the first chunk's audio was late itself, less any part of the
+        # talker's own 120 ms gap that a late first push took away.
+        assert stall >= 0.1 - ttfp + min(0.0, pushed[1] - pushed[0] - 0.08) - 1e-9, (stall, ttfp, pushed)
     assert fast.samples == slow.samples == 2 * 6 * SPF
 
 

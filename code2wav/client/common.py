@@ -10,11 +10,13 @@ SAMPLE_DTYPES = {"pcm_s16le": np.dtype("<i2"), "f32le": np.dtype("<f4")}
 
 
 class ServerError(Exception):
-    """An error the server reported: its ``code``, and the HTTP ``status`` or WebSocket ``close_code``."""
+    """An error the server reported: its ``code``, and the HTTP ``status`` or WebSocket ``close_code``;
+    ``retry_after``: the seconds of an HTTP ``Retry-After`` that came with it (``pool_full``)."""
 
-    def __init__(self, code: str, message: str, status: int | None = None, close_code: int | None = None):
+    def __init__(self, code: str, message: str, status: int | None = None, close_code: int | None = None, retry_after: float | None = None):
         super().__init__(f"{code}: {message}")
         self.code, self.message, self.status, self.close_code = code, message, status, close_code
+        self.retry_after = retry_after
 
 
 def _headers(api_key: str | None) -> dict[str, str]:

@@ -19,12 +19,20 @@ def _decode_body(codes, prefix, format: str, stream: bool) -> dict:
     return body
 
 
+def _retry_after(r) -> float | None:
+    """A ``Retry-After`` in seconds (the form this server sends; an HTTP date is not read)."""
+    try:
+        return max(0.0, float(r.headers["retry-after"]))
+    except (KeyError, ValueError):
+        return None
+
+
 def _http_error(r) -> ServerError:
     try:
         obj = r.json()
-        return ServerError(obj.get("code", "http_error"), obj.get("message", r.text), status=r.status_code)
+        return ServerError(obj.get("code", "http_error"), obj.get("message", r.text), status=r.status_code, retry_after=_retry_after(r))
     except ValueError:
-        return ServerError("http_error", r.text, status=r.status_code)
+        return ServerError("http_error", r.text, status=r.status_code, retry_after=_retry_after(r))
 
 
 def _checked(r):

@@ -58,13 +58,34 @@ def resolve_checkpoint(spec: str | os.PathLike[str] | None) -> Path:
 
 
 def _download(repo_id: str) -> Path:
+    """A hub id's tokenizer files, from the Hugging Face cache or the hub.
+
+    Without a network huggingface_hub retries with back-off (about 48 s, two lookups here)
+    before it gives up, so the hub is probed first with one request and no retries, its
+    timeout ``HF_HUB_ETAG_TIMEOUT`` (huggingface_hub's own setting, 10 s by default). An
+    unreachable hub falls back to the cache; ``HF_HUB_OFFLINE=1`` asks the cache only."""
     if repo_id.count("/") != 1 or repo_id.startswith((".", "/")):
         raise CheckpointError(f"{repo_id}: no such directory, and not a hub id of the form owner/name")
     try:
-        from huggingface_hub import hf_hub_download
+        import httpx
+        from huggingface_hub import constants, get_hf_file_metadata, hf_hub_download, hf_hub_url
         from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
     except ImportError as e:  # pragma: no cover - huggingface_hub is a dependency
         raise CheckpointError(f"huggingface_hub is needed to fetch {repo_id}") from e
+    instead = "download it elsewhere and pass the local directory with --model PATH"
+    offline = constants.is_offline_mode()
+    if not offline:
+        try:
+            get_hf_file_metadata(hf_hub_url(repo_id, CONFIG_FILE), timeout=constants.HF_HUB_ETAG_TIMEOUT)
+        except httpx.TransportError as e:  # connection refused, DNS, timeout: no network to the hub
+            cached = _from_cache(repo_id, hf_hub_download, (EntryNotFoundError, LocalEntryNotFoundError))
+            if cached is not None:
+                return cached
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CheckpointError(f"cannot reach the Hugging Face hub at {constants.ENDPOINT} ({reason}), and {repo_id} is not in "
+                                  f"the local cache ({constants.HF_HUB_CACHE}); {instead}") from None
+        except Exception:  # the hub answered (a missing file at the root, an unknown repo, auth): the downloads below say which
+            pass
     unreachable: Exception | None = None
     for sub in (SUBFOLDER, None):  # a full model keeps the tokenizer under speech_tokenizer/
         try:
@@ -78,12 +99,26 @@ def _download(repo_id: str) -> Path:
         except Exception as e:  # unknown repo, auth, network: all end the same way for the user
             unreachable = e
             break
+    if offline:
+        raise CheckpointError(f"{repo_id} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}), and HF_HUB_OFFLINE is set, "
+                              f"so the hub was not asked; {instead}, or unset HF_HUB_OFFLINE")
     if unreachable is not None:
         raise CheckpointError(
-            f"could not fetch {repo_id} from the Hugging Face hub ({type(unreachable).__name__}); "
-            f"download it elsewhere and pass the local directory with --model PATH"
+            f"could not fetch {repo_id} from the Hugging Face hub ({type(unreachable).__name__}); {instead}"
         ) from unreachable
     raise CheckpointError(f"{repo_id}: no {CONFIG_FILE}/{WEIGHTS_FILE} at the root or under {SUBFOLDER}/")
+
+
+def _from_cache(repo_id: str, hf_hub_download, missing: tuple[type[Exception], ...]) -> Path | None:
+    """The tokenizer files of ``repo_id`` already in the Hugging Face cache, asking no network."""
+    for sub in (SUBFOLDER, None):
+        try:
+            cfg = hf_hub_download(repo_id, CONFIG_FILE, subfolder=sub, local_files_only=True)
+            hf_hub_download(repo_id, WEIGHTS_FILE, subfolder=sub, local_files_only=True)
+            return Path(cfg).parent
+        except missing:
+            continue
+    return None
 
 
 def read_config(ckpt: Path) -> DecoderConfig:

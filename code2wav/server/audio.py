@@ -1,5 +1,6 @@
-"""Audio encodings the service returns. Quantization to 16 bits is done here, once, so raw
-``pcm_s16le`` and the samples inside ``wav``/``flac`` are the same integers."""
+"""Audio encodings the service returns. Quantization to 16 bits is ``code2wav.audio.to_int16``,
+the CLI's too, so raw ``pcm_s16le`` and the samples inside ``wav``/``flac`` (the service's and
+the CLI's files alike) are the same integers."""
 
 from __future__ import annotations
 
@@ -10,15 +11,22 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from code2wav.audio import to_int16
+
+__all__ = ["to_int16", "to_f32", "raw_bytes", "wav_header", "encode_file", "media_type", "concat"]
+
 RAW_FORMATS = ("pcm_s16le", "f32le")
 FILE_FORMATS = ("wav", "flac", "pcm")  # "pcm" is raw pcm_s16le
 HTTP_FORMATS = FILE_FORMATS + ("f32le",)
 MEDIA_TYPES = {"wav": "audio/wav", "flac": "audio/flac", "pcm": "audio/L16", "pcm_s16le": "audio/L16", "f32le": "application/octet-stream"}
 
 
-def to_int16(wav: Tensor) -> np.ndarray:
-    x = wav.detach().float().cpu().numpy()
-    return np.rint(np.clip(x, -1.0, 1.0) * 32767.0).astype("<i2")
+def media_type(fmt: str, sample_rate: int) -> str:
+    """The Content-Type of ``fmt``. A raw 16-bit body cannot say its rate and channels itself,
+    so ``audio/L16`` carries them as parameters (RFC 2586): ``audio/L16;rate=24000;channels=1``.
+    The samples are little-endian, as ``pcm_s16le`` says."""
+    base = MEDIA_TYPES[fmt]
+    return f"{base};rate={sample_rate};channels=1" if base == "audio/L16" else base
 
 
 def to_f32(wav: Tensor) -> np.ndarray:

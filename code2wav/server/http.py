@@ -16,7 +16,7 @@ from fastapi.responses import Response, StreamingResponse
 from torch import Tensor
 
 from code2wav.codes import CodesError, as_frames, drop_trailing_padding
-from code2wav.server.audio import HTTP_FORMATS, MEDIA_TYPES, concat, encode_file, raw_bytes, wav_header
+from code2wav.server.audio import HTTP_FORMATS, concat, encode_file, media_type, raw_bytes, wav_header
 from code2wav.server.metrics import _Metrics
 from code2wav.server.protocol import Limits, ServiceError, log, service_error
 from code2wav.server.service import Service
@@ -113,7 +113,7 @@ def decode_endpoint(service: Service, limits: Limits, metrics: _Metrics, check_a
             finally:
                 if not finished:
                     await service.abort_quietly(rid)
-            return Response(encode_file(concat(pieces), fmt, SR), media_type=MEDIA_TYPES[fmt], headers=headers)
+            return Response(encode_file(concat(pieces), fmt, SR), media_type=media_type(fmt, SR), headers=headers)
 
         async def body_iter():
             finished = False
@@ -136,6 +136,6 @@ def decode_endpoint(service: Service, limits: Limits, metrics: _Metrics, check_a
                 if not finished:
                     await service.abort_quietly(rid)
 
-        return StreamingResponse(body_iter(), media_type=MEDIA_TYPES[fmt], headers=headers)
+        return StreamingResponse(body_iter(), media_type=media_type(fmt, SR), headers=headers)
 
     return decode
