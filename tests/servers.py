@@ -1,5 +1,6 @@
 """A real ``code2wav serve`` process on 127.0.0.1 for the service tests: started on a free port
-with a checkpoint and extra CLI options, waited for through ``/health``, stopped with SIGTERM."""
+with a checkpoint and extra CLI options, waited for through ``/health``, stopped with SIGTERM.
+``entry`` replaces ``-m code2wav.cli`` (e.g. the fault-injecting ``tests/fault_server.py``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -20,14 +22,14 @@ def _free_port() -> int:
 
 
 class Server:
-    def __init__(self, ckpt: Path, log: Path, *extra: str):
+    def __init__(self, ckpt: Path, log: Path, *extra: str, entry: Sequence[str] = ("-m", "code2wav.cli")):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE", MKL_NUM_THREADS="1")
         env.pop("CODE2WAV_API_KEY", None)
         self.log = log
         self._logf = open(log, "wb")
-        cmd = [sys.executable, "-m", "code2wav.cli", "serve", "--model", str(ckpt), "--port", str(self.port), "--dtype", "float32",
+        cmd = [sys.executable, *entry, "serve", "--model", str(ckpt), "--port", str(self.port), "--dtype", "float32",
                "--log-level", "warning", *extra]
         self.proc = subprocess.Popen(cmd, stdout=self._logf, stderr=subprocess.STDOUT, env=env)
 
