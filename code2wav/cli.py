@@ -12,6 +12,7 @@ import argparse
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -31,6 +32,9 @@ from code2wav.options import (
     parse_device,
     resolve_env_defaults,
 )
+
+if TYPE_CHECKING:
+    from code2wav.engine.async_engine import AsyncEngine
 
 PROG = "code2wav"
 EXIT_BAD_INPUT = 2
@@ -224,6 +228,9 @@ def _add_serve(sub) -> None:
                    help="drop a connection whose client has read nothing for this many seconds while the server has audio "
                         "waiting for it, freeing its stream's slot (default 20; 0: never)")
     p.add_argument("--keep-alive-timeout", type=float, default=5.0, help="close an idle HTTP keep-alive connection after this many seconds (default 5)")
+    p.add_argument("--shutdown-timeout", type=float, default=5.0,
+                   help="on SIGTERM, requests in flight may finish for this many seconds, then they are ended; new ones get "
+                        "503 shutdown meanwhile (default 5)")
     p.add_argument("--no-graphs", action="store_true", help="on CUDA, run steps eagerly instead of replaying CUDA graphs")
     p.add_argument("--first-chunk-wait-ms", type=float, default=None,
                    help="under load, a stream's first chunk may wait this long for other first chunks to share its step; "
@@ -235,11 +242,15 @@ def _add_serve(sub) -> None:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    try:  # lazily: the GPU benchmark machine has no web stack
-        import uvicorn
+    return run_serve(args, build_serve_engine(args))
 
-        from code2wav.server.app import Limits, create_app
-        from code2wav.server.connections import uvicorn_settings
+
+def build_serve_engine(args: argparse.Namespace) -> AsyncEngine:
+    """``serve``'s options checked and its engine built (an ``AsyncEngine``, not started)."""
+    try:  # lazily: the GPU benchmark machine has no web stack
+        import uvicorn  # noqa: F401
+
+        import code2wav.server.run  # noqa: F401
     except ImportError as e:
         raise CliError(f"serve needs the web stack ({e.name or e} is missing): pip install 'code2wav[serve]'") from None
     from code2wav.engine.build import build_async_engine
@@ -250,6 +261,8 @@ def _run_serve(args: argparse.Namespace) -> int:
     for name in ("idle_timeout", "read_timeout", "send_timeout"):
         if getattr(args, name) < 0:
             raise CliError(f"--{name.replace('_', '-')} must be >= 0")
+    if not args.shutdown_timeout >= 0:
+        raise CliError("--shutdown-timeout must be >= 0")
     if args.first_chunk_wait_ms is not None and args.first_chunk_wait_ms < 0:
         raise CliError("--first-chunk-wait-ms must be >= 0")
     device = parse_device(args.device)
@@ -262,6 +275,16 @@ def _run_serve(args: argparse.Namespace) -> int:
         print(f"{PROG}: captured {g['graphs']} step graphs and {g['prefill_graphs']} prefill graphs in "
               f"{time.perf_counter() - t0:.0f} s (up to {cfg.batch_frames()} padded frames per step; "
               f"graph pool {g['pool_bytes'] / 2**20:.0f} MiB)", file=sys.stderr, flush=True)
+    return engine
+
+
+def run_serve(args: argparse.Namespace, engine: AsyncEngine) -> int:
+    """Serve ``engine`` (from :func:`build_serve_engine`) with ``serve``'s options until SIGTERM
+    (exit 0 after the drain) or an engine failure (exit ``EXIT_ENGINE_FAILED``)."""
+    from code2wav.server.app import Limits, create_app
+    from code2wav.server.connections import uvicorn_settings
+    from code2wav.server.run import serve
+
     model = engine.engine.model
     limits = Limits(
         max_message_bytes=args.max_message_bytes,
@@ -274,16 +297,13 @@ def _run_serve(args: argparse.Namespace) -> int:
         max_connections=args.max_connections,
     )
     app = create_app(engine, api_key=args.api_key or None, limits=limits)
-    print(f"{PROG}: serving on http://{args.host}:{args.port} ({args.max_streams} streams, {args.dtype} on {device}, "
+    print(f"{PROG}: serving on http://{args.host}:{args.port} ({args.max_streams} streams, {args.dtype} on {parse_device(args.device)}, "
           f"low-rate stages {str(model.low_rate_dtype).removeprefix('torch.')}"
           f"{', auth on' if args.api_key else ''})", file=sys.stderr, flush=True)
     # The transport drops messages far over the limit itself (close 1009, no JSON error).
-    # No permessage-deflate: PCM barely compresses, and zlib on the event loop caps the
-    # service's audio rate far below what the GPU steps make (BENCHMARKS.md, the service).
     # The bounds on slow, idle and non-reading clients: server/connections.py.
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                ws_max_size=4 * args.max_message_bytes + (64 << 10), ws_per_message_deflate=False, **uvicorn_settings(limits))
-    return 0
+    return serve(app, host=args.host, port=args.port, log_level=args.log_level, shutdown_timeout=args.shutdown_timeout,
+                 ws_max_size=4 * args.max_message_bytes + (64 << 10), transport=uvicorn_settings(limits))
 
 
 def _add_loadtest(sub) -> None:

@@ -18,11 +18,18 @@ microseconds to it.
 A push may carry an ``encode`` function (e.g. audio -> PCM bytes). It runs on the worker as soon
 as the row's audio is ready, so per-chunk conversion stays off the event loop, which is the
 service's bottleneck once steps are batched.
+
+If the worker's loop fails in any way (an exception outside the per-decode handler, or a
+``BaseException`` out of a step), the engine is *failed* for good: every chunk in flight or
+queued fails with :class:`EngineFailed` (code ``engine_failed``), every stream is aborted, later
+``open``/``submit`` calls raise it, and the ``on_failure`` hooks run on the event loop (the
+service turns unhealthy and exits, so that a supervisor restarts it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections import deque
@@ -36,12 +43,21 @@ from torch import Tensor
 from code2wav.stream.lifecycle import Lifecycle
 from code2wav.stream.rows import StreamError
 
+log = logging.getLogger("code2wav.engine")
+
 
 class Backpressure(StreamError):
     """Too many chunks in flight for one stream; retry after its audio arrives."""
 
     def __init__(self, message: str):
         super().__init__("queue_full", message)
+
+
+class EngineFailed(StreamError):
+    """The worker thread died: nothing more is decoded, by this engine, ever."""
+
+    def __init__(self, message: str):
+        super().__init__("engine_failed", message)
 
 
 @dataclass
@@ -67,6 +83,8 @@ class AsyncEngine:
         self.batch_wait_s = batch_wait_s  # >0: wait a little for more rows (throughput mode)
         self.stats = EngineStats()
         self.on_step: list[Callable[[float, int, int], None]] = []  # (seconds, rows, padded frames a row) after every step
+        self.on_failure: list[Callable[[EngineFailed], None]] = []  # on the event loop, once, when the worker dies
+        self.failure: EngineFailed | None = None  # set when the worker died
         self._keep = keep_step_times
         self._pending: dict[str, deque[tuple[object, asyncio.Future, Encode | None]]] = {}
         self._wake = threading.Event()  # set by the loop: chunks are pending, or slots wait to be zeroed
@@ -74,6 +92,7 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._zeroing_queued = False
+        self._held: dict[str, asyncio.Future] = {}  # the running decode's chunk futures, by stream (worker-owned)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -110,6 +129,8 @@ class AsyncEngine:
         """Open a stream: validates the prefix and takes a slot (host work, at once, even while
         a step runs). The prefix's prefill runs when the stream's first chunk joins a step,
         batched with the other streams joining with it."""
+        if self.failure is not None:
+            raise EngineFailed(str(self.failure))
         try:
             self.engine.open(request_id, prefix)
         except Exception as e:
@@ -125,6 +146,8 @@ class AsyncEngine:
     def submit(self, request_id: str, frames: object, encode: Encode | None = None) -> asyncio.Future:
         """As :meth:`push`, without a coroutine: queues the chunk now (or raises) and returns the
         future of its result. Cancelling the future drops the chunk if its step has not begun."""
+        if self.failure is not None:
+            raise EngineFailed(str(self.failure))
         q = self._pending.get(request_id)
         if q is None:
             self.engine.require(request_id)  # raises the precise error (unknown / ended)
@@ -155,14 +178,24 @@ class AsyncEngine:
                 self._zero_released_later()
         return audio
 
-    async def abort(self, request_id: str) -> None:
+    async def abort(self, request_id: str, error: StreamError | None = None) -> None:
         """Drop queued chunks and free the state now (e.g. the client disconnected). A chunk of
-        the stream that a running decode holds still decodes; its result is dropped."""
+        the stream that a running decode holds still decodes; its result is dropped. Queued
+        chunks fail with ``error`` (default: ``aborted``); with an ``error`` given, the chunk
+        the running decode holds fails with it at once too (a drain that ends a request)."""
         if request_id in self._pending:
-            self._fail_pending(request_id, StreamError("aborted", f"stream {request_id!r} aborted"))
+            self._fail_pending(request_id, error or StreamError("aborted", f"stream {request_id!r} aborted"))
             self._pending.pop(request_id, None)
+        held = self._held.get(request_id) if error is not None else None
+        if held is not None:
+            self._settle(held, error)  # type: ignore[arg-type]
         self.engine.abort(request_id)
         self._zero_released_later()
+
+    @property
+    def streams(self) -> list[str]:
+        """The ids of the streams open on this engine."""
+        return list(self._pending)
 
     def _zero_released_later(self) -> None:
         """Zero freed slots on the worker, off the next stream's first packet: one request at a
@@ -173,9 +206,14 @@ class AsyncEngine:
 
     def _fail_pending(self, rid: str, err: Exception) -> None:
         for _, fut, _ in self._pending.get(rid, ()):
-            if not fut.done():
-                fut.set_exception(err)
-                fut.exception()  # mark retrieved: an abandoned chunk is not an unhandled error
+            self._settle(fut, err)
+
+    @staticmethod
+    def _settle(fut: asyncio.Future, err: Exception) -> None:
+        """Fail a chunk's future (on the loop) unless it is settled already."""
+        if not fut.done():
+            fut.set_exception(err)
+            fut.exception()  # mark retrieved: an abandoned chunk is not an unhandled error
 
     # -- scheduler --------------------------------------------------------------------------------
 
@@ -205,7 +243,48 @@ class AsyncEngine:
             hook(seconds, rows, frames)
 
     def _work(self) -> None:
-        """The worker thread: sleeps until a push (or a freed slot) wakes it, then runs one
+        """The worker thread's body: :meth:`_steps`; whatever ends it other than ``stop()``
+        fails the engine."""
+        try:
+            self._steps()
+        except BaseException as e:  # every failure, SystemExit and the like included: the thread ends here
+            self._died(e)
+
+    def _died(self, e: BaseException) -> None:
+        """On the dying worker: mark the engine failed at once (later submits raise), then fail
+        everything on the event loop."""
+        err = EngineFailed(f"the engine's worker failed ({type(e).__name__}: {e}); nothing more is decoded")
+        err.__cause__ = e
+        self.failure = err
+        log.critical("the engine's worker thread failed; the engine is failed", exc_info=e)
+        held = list(self._held.values())
+        try:
+            self._loop.call_soon_threadsafe(self._fail_all, err, held)  # type: ignore[union-attr]
+        except RuntimeError:  # the loop is closed: nobody is left to tell
+            pass
+
+    def _fail_all(self, err: EngineFailed, held: list[asyncio.Future]) -> None:
+        """On the loop, once the worker died: fail every chunk, abort every stream, run the
+        ``on_failure`` hooks."""
+        self.failure = err
+        self.stats.record_error(err.code)
+        for fut in held:
+            self._settle(fut, err)
+        for rid in list(self._pending):
+            self._fail_pending(rid, err)
+            self._pending.pop(rid, None)
+            try:
+                self.engine.abort(rid)  # host bookkeeping: frees the slot
+            except Exception:  # ended meanwhile (a reaper): nothing to free
+                pass
+        for hook in list(self.on_failure):
+            try:
+                hook(err)
+            except Exception:  # one hook's fault must not hide the failure from the others
+                log.exception("an on_failure hook failed")
+
+    def _steps(self) -> None:
+        """The worker loop: sleeps until a push (or a freed slot) wakes it, then runs one
         continuous decode over every stream with a chunk pending, until none is left."""
         loop = self._loop
         assert loop is not None
@@ -226,6 +305,7 @@ class AsyncEngine:
             # Each entry leaves as its row is handed over.
             in_flight: set[str] = set()
             futures: dict[str, asyncio.Future] = {}
+            self._held = futures
             encoders: dict[str, Encode] = {}
             batch = self._take(in_flight, futures, encoders)
             if not batch:

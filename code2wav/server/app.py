@@ -3,7 +3,8 @@
 ``create_app(engine, api_key, limits)`` returns a FastAPI app. The app starts the engine's
 scheduler when it starts and stops it (aborting open streams) when it stops. This module only
 wires the pieces: the endpoints are in ``http`` (``POST /v1/decode``) and ``ws``
-(``/v1/stream``), the error codes and limits in ``protocol``, the engine behind ``service``.
+(``/v1/stream``), the error codes and limits in ``protocol``, the engine behind ``service``, the
+drain's and the failure's front door in ``gate``; ``run`` serves it (SIGTERM drains it).
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from code2wav.engine.async_engine import AsyncEngine
+from code2wav.server.gate import StopGate
 from code2wav.server.http import decode_endpoint
 from code2wav.server.metrics import _Metrics
-from code2wav.server.protocol import HTTP_STATUS, Limits, ServiceError, error_body
+from code2wav.server.protocol import HTTP_STATUS, RETRY_AFTER, Limits, ServiceError, error_body
 from code2wav.server.service import Service
 from code2wav.server.ws import stream_endpoint
 
@@ -42,7 +44,8 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: Limits |
             await service.stop()
 
     app = FastAPI(title="code2wav", lifespan=lifespan)
-    app.state.engine, app.state.limits, app.state.metrics = engine, limits, metrics
+    app.state.engine, app.state.limits, app.state.metrics, app.state.service = engine, limits, metrics, service
+    app.add_middleware(StopGate, service=service, metrics=metrics, retry_after_s=limits.retry_after_s)
 
     def authorized(header: str | None) -> bool:
         """``Authorization: Bearer KEY``, the scheme in any case (RFC 7235)."""
@@ -64,7 +67,7 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: Limits |
     async def _on_service_error(request: Request, e: ServiceError):
         metrics.errors.labels(e.code).inc()
         headers = {}
-        if e.code in ("pool_full", "queue_full", "shutdown"):
+        if e.code in RETRY_AFTER:
             headers["Retry-After"] = str(limits.retry_after_s)
         if e.code == "unauthorized":
             headers["WWW-Authenticate"] = "Bearer"
@@ -72,7 +75,8 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: Limits |
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "active_streams": service.active_streams, "max_streams": service.max_streams, "sample_rate": service.sample_rate}
+        status, body = service.health()  # 503 while draining or failed
+        return JSONResponse(body, status_code=status)
 
     @app.get("/metrics")
     async def prometheus(request: Request):

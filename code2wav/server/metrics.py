@@ -39,6 +39,8 @@ class _Metrics:
         yield GaugeMetricFamily("code2wav_active_streams", "Streams open in the engine", value=service.active_streams)
         yield GaugeMetricFamily("code2wav_pool_slots_in_use", "State-pool slots in use", value=service.slots_in_use)
         yield GaugeMetricFamily("code2wav_pool_slots_total", "State-pool slots in all", value=service.max_streams)
+        yield GaugeMetricFamily("code2wav_requests_in_flight", "HTTP requests and WebSocket connections being handled (a drain waits for them)",
+                                value=service.requests_in_flight)
         yield CounterMetricFamily("code2wav_steps", "Batched forwards (one group of rows each)", value=stats.steps)
         yield CounterMetricFamily("code2wav_step_rows", "Rows over all batched forwards", value=stats.rows)
         yield CounterMetricFamily("code2wav_chunks", "Stream chunks decoded and handed over", value=stats.chunks)

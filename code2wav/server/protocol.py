@@ -43,6 +43,7 @@ WS_CLOSE = {
     "shutdown": 1012,
     "prefill_failed": 1011,
     "non_finite_audio": 1011,
+    "engine_failed": 1011,
     "internal": 1011,
 }
 # Machine code -> HTTP status. Codes not listed answer 500.
@@ -67,8 +68,12 @@ HTTP_STATUS = {
     "shutdown": 503,
     "prefill_failed": 500,
     "non_finite_audio": 500,
+    "engine_failed": 503,
     "internal": 500,
 }
+# Codes whose HTTP answer carries ``Retry-After: Limits.retry_after_s`` (the same request may
+# succeed later: a slot frees, the queue drains, or a restarted server answers).
+RETRY_AFTER = ("pool_full", "queue_full", "shutdown", "engine_failed")
 # Request ids are the client's; keep them printable and short.
 MAX_REQUEST_ID_CHARS = 256
 

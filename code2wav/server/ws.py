@@ -1,6 +1,7 @@
 """The WebSocket endpoint ``/v1/stream``: one :class:`_WsSession` per connection, one stream per
 session. Every WebSocket error ends that connection's stream and frees its slot; other
-connections are unaffected."""
+connections are unaffected. When the service drains (SIGTERM) or fails, every session ends with
+that error (``shutdown``: close 1012; ``engine_failed``: 1011)."""
 
 from __future__ import annotations
 
@@ -30,11 +31,30 @@ def stream_endpoint(service: Service, limits: Limits, metrics: _Metrics, authori
         metrics.connections.inc()
         metrics.requests.labels("stream").inc()
         try:
-            await _WsSession(ws, service, limits, metrics, authorized).run()
+            await _until_stopped(_WsSession(ws, service, limits, metrics, authorized), service)
         finally:
             metrics.connections.dec()
 
     return ws_stream
+
+
+async def _until_stopped(session: _WsSession, service: Service) -> None:
+    """Run ``session``; if the service drains or fails first, end it with that error (its slot
+    is freed by the session's own cleanup). A session already ending (its error or its ``done``
+    on the way) ends by itself."""
+    run = asyncio.ensure_future(session.run())
+    stop = asyncio.ensure_future(service.stopping())
+    try:
+        await asyncio.wait({run, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if run.done() or session.ending or session.finished:
+            await run
+        else:
+            run.cancel()
+            await asyncio.wait({run})
+            await session._fail(stop.result())
+    finally:
+        stop.cancel()
+        run.cancel()
 
 
 class _WsSession:
@@ -52,6 +72,7 @@ class _WsSession:
         self.Q, self.SIZE = service.num_quantizers, service.codebook_size
         self.rid: str | None = None
         self.opened = self.finished = self.released = False
+        self.ending = False  # its error message is being sent
         self.fmt = "pcm_s16le"
         self.frames_in = self.frames_out = self.samples = 0
         self.outstanding = 0  # chunks pushed whose audio is not sent yet
@@ -98,6 +119,7 @@ class _WsSession:
             await self.service.abort_quietly(self.rid)
 
     async def _fail(self, err: ServiceError) -> None:
+        self.ending = True
         self.metrics.errors.labels(err.code).inc()
         try:
             await self.ws.send_json(error_body(err.code, err.message))
