@@ -191,6 +191,8 @@ def _add_serve(sub) -> None:
     p.add_argument("--max-message-bytes", type=int, default=1 << 20, help="largest WebSocket message (default 1 MiB)")
     p.add_argument("--max-stream-frames", type=int, default=45_000, help="most frames one stream or request may decode (default 45000 = 1 hour)")
     p.add_argument("--max-body-bytes", type=int, default=16 << 20, help="largest POST /v1/decode body (default 16 MiB)")
+    p.add_argument("--max-http-requests", type=int, default=64,
+                   help="POST /v1/decode requests in progress at once; more are answered 503 busy (default 64)")
     p.add_argument("--no-graphs", action="store_true", help="on CUDA, run steps eagerly instead of replaying CUDA graphs")
     p.add_argument("--first-chunk-wait-ms", type=float, default=None,
                    help="under load, a stream's first chunk may wait this long for other first chunks to share its step; "
@@ -209,7 +211,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         raise CliError(f"serve needs the web stack ({e.name or e} is missing): pip install 'code2wav[serve]'") from None
     from code2wav.engine.build import build_async_engine
 
-    for name in ("max_streams", "port", "max_message_bytes", "max_stream_frames", "max_body_bytes"):
+    for name in ("max_streams", "port", "max_message_bytes", "max_stream_frames", "max_body_bytes", "max_http_requests"):
         if getattr(args, name) <= 0:
             raise CliError(f"--{name.replace('_', '-')} must be positive")
     if args.idle_timeout < 0:
@@ -231,6 +233,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         max_message_bytes=args.max_message_bytes,
         max_stream_frames=args.max_stream_frames,
         max_body_bytes=args.max_body_bytes,
+        max_http_requests=args.max_http_requests,
         idle_timeout=args.idle_timeout or None,
     )
     app = create_app(engine, api_key=args.api_key or None, limits=limits)
