@@ -253,3 +253,37 @@ def test_serve_refuses_a_non_positive_request_limit(capsys):
 
     assert main(["serve", "--max-http-requests", "0"]) == 2
     assert "--max-http-requests must be positive" in capsys.readouterr().err
+
+
+def _children(pid: int) -> set[int]:
+    out = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.add(int(stat.parent.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return b"multiprocessing" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_the_body_parsing_processes_end_with_their_server(ckpt, tmp_path):
+    """uvicorn ends on SIGTERM by raising it again (no exit handler runs): the workers go anyway."""
+    s = Server(ckpt, tmp_path / "server.log")
+    try:
+        s.wait_ready()
+        large = json.dumps({"codes": random_codes(300).tolist(), "format": "pcm"}, indent=8).encode()
+        assert httpx.post(s.url + "/v1/decode", content=large, headers={"content-type": "application/json"}, timeout=60).status_code == 200
+        workers = {p for p in _children(s.proc.pid) if _alive(p)}
+        assert workers, "no body-parsing process started"
+    finally:
+        s.stop()
+    wait_for(lambda: not any(_alive(p) for p in workers), f"the workers {sorted(workers)} ended", timeout=30)

@@ -15,7 +15,10 @@ import functools
 import io
 import json
 import multiprocessing
+import os
 import signal
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -35,6 +38,7 @@ INLINE_BODY_BYTES = 64 << 10
 # Worker processes parsing large bodies at once; more bodies wait for one (each request holds
 # one of ``Limits.max_http_requests`` meanwhile).
 PARSE_WORKERS = 2
+PARENT_POLL_S = 0.5  # how often a worker checks that the server is still there
 
 _FRAMES = {"type": "array", "items": {"type": "array", "items": {"type": "integer", "minimum": 0}}}
 
@@ -155,8 +159,18 @@ def _body_error(e: ValidationError) -> PayloadError:
     return PayloadError("bad_message", f"{'.'.join(map(str, err['loc']))}: {err['msg']}")
 
 
-def _ignore_sigint() -> None:  # a worker: Ctrl-C reaches the whole process group; the server ends us
+def _worker_init(server_pid: int) -> None:
+    """In a worker: Ctrl-C reaches the whole process group, and the server ends its workers itself.
+    A worker also exits once the server has gone, however it went: uvicorn ends a server on SIGTERM
+    by raising the signal again, so no exit handler of the server's shuts its pool down."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_with, args=(server_pid,), name="code2wav-parent-watch", daemon=True).start()
+
+
+def _exit_with(server_pid: int) -> None:
+    while os.getppid() == server_pid:
+        time.sleep(PARENT_POLL_S)
+    os._exit(0)
 
 
 class BodyParser:
@@ -172,7 +186,8 @@ class BodyParser:
         if len(body) <= INLINE_BODY_BYTES:
             return call()
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_sigint)
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
+                                             initargs=(os.getpid(),))
         pool = self._pool
         try:
             return await asyncio.get_running_loop().run_in_executor(pool, call)
