@@ -231,6 +231,8 @@ def _add_serve(sub) -> None:
     p.add_argument("--shutdown-timeout", type=float, default=5.0,
                    help="on SIGTERM, requests in flight may finish for this many seconds, then they are ended; new ones get "
                         "503 shutdown meanwhile (default 5)")
+    p.add_argument("--max-http-requests", type=int, default=64,
+                   help="POST /v1/decode requests in progress at once; more are answered 503 busy (default 64)")
     p.add_argument("--no-graphs", action="store_true", help="on CUDA, run steps eagerly instead of replaying CUDA graphs")
     p.add_argument("--first-chunk-wait-ms", type=float, default=None,
                    help="under load, a stream's first chunk may wait this long for other first chunks to share its step; "
@@ -255,7 +257,8 @@ def build_serve_engine(args: argparse.Namespace) -> AsyncEngine:
         raise CliError(f"serve needs the web stack ({e.name or e} is missing): pip install 'code2wav[serve]'") from None
     from code2wav.engine.build import build_async_engine
 
-    for name in ("max_streams", "port", "max_message_bytes", "max_stream_frames", "max_body_bytes", "max_connections", "keep_alive_timeout"):
+    for name in ("max_streams", "port", "max_message_bytes", "max_stream_frames", "max_body_bytes", "max_http_requests", "max_connections",
+                 "keep_alive_timeout"):
         if getattr(args, name) <= 0:
             raise CliError(f"--{name.replace('_', '-')} must be positive")
     for name in ("idle_timeout", "read_timeout", "send_timeout"):
@@ -290,6 +293,7 @@ def run_serve(args: argparse.Namespace, engine: AsyncEngine) -> int:
         max_message_bytes=args.max_message_bytes,
         max_stream_frames=args.max_stream_frames,
         max_body_bytes=args.max_body_bytes,
+        max_http_requests=args.max_http_requests,
         idle_timeout=args.idle_timeout or None,
         read_timeout=args.read_timeout or None,
         send_timeout=args.send_timeout or None,

@@ -10,20 +10,22 @@ drain's and the failure's front door in ``gate``; ``run`` serves it (SIGTERM dra
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from code2wav.engine.async_engine import AsyncEngine
 from code2wav.server.gate import StopGate
-from code2wav.server.http import decode_endpoint
+from code2wav.server.http import DECODE_ROUTE, decode_endpoint
 from code2wav.server.metrics import _Metrics
-from code2wav.server.protocol import HTTP_STATUS, RETRY_AFTER, Limits, ServiceError, error_body
+from code2wav.server.protocol import HTTP_STATUS, RETRY_AFTER, Limits, ServiceError, error_body, framework_error, validation_error
 from code2wav.server.service import Service
 from code2wav.server.ws import stream_endpoint
 
@@ -63,15 +65,32 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: Limits |
         if not authorized(request.headers.get("authorization")):
             raise ServiceError("unauthorized", "missing or wrong bearer token")
 
-    @app.exception_handler(ServiceError)
-    async def _on_service_error(request: Request, e: ServiceError):
+    # Every failure answers the protocol's error body: ours, FastAPI's parameter checks (422),
+    # Starlette's unknown route / wrong method (404 / 405) and any unexpected exception (500).
+    def error_response(e: ServiceError, headers: Mapping[str, str] | None = None) -> JSONResponse:
         metrics.errors.labels(e.code).inc()
-        headers = {}
+        headers = dict(headers or {})
         if e.code in RETRY_AFTER:
             headers["Retry-After"] = str(limits.retry_after_s)
         if e.code == "unauthorized":
             headers["WWW-Authenticate"] = "Bearer"
         return JSONResponse(error_body(e.code, e.message), status_code=HTTP_STATUS.get(e.code, 500), headers=headers)
+
+    @app.exception_handler(ServiceError)
+    async def _on_service_error(request: Request, e: ServiceError):
+        return error_response(e)
+
+    @app.exception_handler(RequestValidationError)
+    async def _on_bad_parameters(request: Request, e: RequestValidationError):
+        return error_response(validation_error(e.errors()))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _on_http_error(request: Request, e: StarletteHTTPException):
+        return error_response(framework_error(e.status_code, e.detail), e.headers)
+
+    @app.exception_handler(Exception)
+    async def _on_internal(request: Request, e: Exception):  # logged with its traceback by the server as well
+        return error_response(ServiceError("internal", f"internal error ({type(e).__name__})"))
 
     @app.get("/health")
     async def health():
@@ -83,7 +102,7 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: Limits |
         check_auth(request)
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    app.post("/v1/decode")(decode_endpoint(service, limits, metrics, check_auth))
+    app.post("/v1/decode", **DECODE_ROUTE)(decode_endpoint(service, limits, metrics, check_auth))
     app.websocket("/v1/stream")(stream_endpoint(service, limits, metrics, authorized))
     return app
 

@@ -10,7 +10,9 @@ it is the body of a response with the code's status (``HTTP_STATUS``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from code2wav.codes import CodesError
 from code2wav.stream.pool import PoolFull
@@ -51,6 +53,7 @@ HTTP_STATUS = {
     "unauthorized": 401,
     "bad_json": 400,
     "bad_message": 400,
+    "bad_query": 400,
     "bad_format": 400,
     "bad_npy": 400,
     "bad_shape": 400,
@@ -59,12 +62,15 @@ HTTP_STATUS = {
     "empty": 400,
     "bad_padding": 400,
     "unsupported_media_type": 415,
+    "not_found": 404,
+    "method_not_allowed": 405,
     "body_too_big": 413,
     "request_timeout": 408,
     "too_many_frames": 413,
     "prefix_too_long": 413,
     "pool_full": 503,
     "queue_full": 503,
+    "busy": 503,
     "shutdown": 503,
     "prefill_failed": 500,
     "non_finite_audio": 500,
@@ -73,7 +79,9 @@ HTTP_STATUS = {
 }
 # Codes whose HTTP answer carries ``Retry-After: Limits.retry_after_s`` (the same request may
 # succeed later: a slot frees, the queue drains, or a restarted server answers).
-RETRY_AFTER = ("pool_full", "queue_full", "shutdown", "engine_failed")
+RETRY_AFTER = ("pool_full", "queue_full", "busy", "shutdown", "engine_failed")
+# HTTP statuses the framework itself answers (an unknown route, a wrong method) -> machine code.
+FRAMEWORK_STATUS = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 413: "body_too_big", 415: "unsupported_media_type"}
 # Request ids are the client's; keep them printable and short.
 MAX_REQUEST_ID_CHARS = 256
 
@@ -85,6 +93,7 @@ class Limits:
     max_body_bytes: int = 16 << 20  # one POST /v1/decode body
     idle_timeout: float | None = 30.0  # seconds without a client message while nothing is in flight
     http_chunk_frames: int = 25  # POST /v1/decode feeds the engine in chunks of this many frames
+    max_http_requests: int = 64  # POST /v1/decode requests in progress at once; more are refused (busy)
     retry_after_s: int = 1  # Retry-After on 503
     # The transport's bounds (server/connections.py; uvicorn has no read deadline of its own).
     # None: no bound.
@@ -119,6 +128,22 @@ def service_error(e: BaseException) -> ServiceError:
         return ServiceError(e.code, str(e))
     log.exception("internal error", exc_info=e)
     return ServiceError("internal", f"internal error ({type(e).__name__})")
+
+
+def framework_error(status: int, detail: object) -> ServiceError:
+    """The protocol's error for an HTTP error the framework raised (404 for an unknown route, ...)."""
+    code = FRAMEWORK_STATUS.get(status, "internal" if status >= 500 else "bad_message")
+    return ServiceError(code, str(detail))
+
+
+def validation_error(errors: Sequence[Any]) -> ServiceError:
+    """The protocol's error for request parameters FastAPI refused (its first error)."""
+    err = errors[0] if errors else {}
+    loc = tuple(err.get("loc", ()))
+    name = ".".join(str(x) for x in loc[1:]) or "request"
+    if loc[-1:] == ("format",):
+        return ServiceError("bad_format", f"format {err.get('input')!r}: {err.get('msg', 'invalid')}")
+    return ServiceError("bad_query" if loc[:1] == ("query",) else "bad_message", f"{name}={err.get('input')!r}: {err.get('msg', 'invalid')}")
 
 
 def error_body(code: str, message: str) -> dict:

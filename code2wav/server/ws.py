@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import time
 import uuid
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from torch import Tensor
 from code2wav.codes import CodesError, as_frames
 from code2wav.server.audio import RAW_FORMATS, raw_bytes
 from code2wav.server.metrics import _Metrics
+from code2wav.server.payloads import PayloadError, parse_json
 from code2wav.server.protocol import MAX_REQUEST_ID_CHARS, WS_CLOSE, Disconnected, Limits, ServiceError, error_body, service_error
 from code2wav.server.service import Service
 
@@ -170,9 +170,9 @@ class _WsSession:
     @staticmethod
     def _json(text: str) -> dict:
         try:
-            obj = json.loads(text)
-        except ValueError as e:
-            raise ServiceError("bad_json", f"message is not JSON ({e})") from None
+            obj = parse_json(text, "message")
+        except PayloadError as e:
+            raise ServiceError(e.code, e.message) from None
         if not isinstance(obj, dict):
             raise ServiceError("bad_message", "a JSON message must be an object with an \"op\"")
         return obj
