@@ -50,6 +50,9 @@ class EngineConfig:
     max_step_frames: int | None = None  # frames a row launches per step; None: see step_frames()
     max_batch_frames: int | None = None  # padded frames per step; None: see batch_frames()
     schedule: SchedulePolicy = field(default_factory=SchedulePolicy)
+    # Prefilled reference-prefix states kept for streams that open with the same prefix, in bytes
+    # (0: no cache). A hit copies the state instead of running the prefill (stream/prefix_cache.py).
+    prefix_cache_bytes: int = 0
     # -- the async engine
     max_pending_chunks: int = 16  # chunks one stream may have queued (more: queue_full)
 
@@ -60,6 +63,8 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and value not in DTYPES:
                 raise ValueError(f"{name} must be one of {DTYPES}, got {value!r}")
+        if self.prefix_cache_bytes < 0:
+            raise ValueError(f"prefix_cache_bytes must be >= 0, got {self.prefix_cache_bytes}")
         for name in ("max_streams", "max_prefix_frames", "max_pending_chunks", "max_step_frames", "max_batch_frames"):
             value = getattr(self, name)
             if value is not None and value < (0 if name == "max_prefix_frames" else 1):
@@ -104,7 +109,8 @@ def build_engine(cfg: EngineConfig, model: Decoder | None = None) -> Lifecycle:
     graphs = cfg.use_graphs()
     runner = GraphRunner(model, pool, max_batch_frames=cfg.batch_frames()) if graphs else EagerRunner(model, pool)
     engine = StreamEngine(model, runner=runner, max_step_frames=cfg.step_frames(), max_batch_frames=cfg.batch_frames(),
-                          idle_timeout=cfg.idle_timeout, max_prefix_frames=cfg.max_prefix_frames, policy=cfg.schedule)
+                          idle_timeout=cfg.idle_timeout, max_prefix_frames=cfg.max_prefix_frames, policy=cfg.schedule,
+                          prefix_cache_bytes=cfg.prefix_cache_bytes)
     if graphs:
         runner.capture(engine.prefill_shapes())  # type: ignore[union-attr]
     return engine

@@ -48,6 +48,12 @@ class _Metrics:
         yield CounterMetricFamily("code2wav_chunks", "Stream chunks decoded and handed over", value=stats.chunks)
         yield CounterMetricFamily("code2wav_decoded_frames", "Frames decoded", value=stats.frames)
         yield _by_label("code2wav_engine_errors", "Errors raised inside the engine, by code", "code", stats.errors)
+        pc = service.prefix_cache_stats()  # EngineConfig.prefix_cache_bytes > 0
+        if pc is not None:
+            yield CounterMetricFamily("code2wav_prefix_cache_hits", "Streams whose reference prefix state came from the cache", value=pc["hits"])
+            yield CounterMetricFamily("code2wav_prefix_cache_misses", "Streams whose reference prefix was prefilled", value=pc["misses"])
+            yield CounterMetricFamily("code2wav_prefix_cache_evictions", "Prefix states dropped to stay under the bound", value=pc["evictions"])
+            yield GaugeMetricFamily("code2wav_prefix_cache_bytes", "Bytes of prefix states kept", value=pc["bytes"])
         g = service.graph_stats()  # a GraphRunner (CUDA); the eager runner has none
         if g is not None:
             yield CounterMetricFamily("code2wav_graph_replays", "Batched forwards and prefill passes replayed from CUDA graphs", value=g["hits"])

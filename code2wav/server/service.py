@@ -202,6 +202,10 @@ class Service:
         """The CUDA graph runner's counters, or None for a runner without graphs (the eager one)."""
         return self._core.runner_stats()
 
+    def prefix_cache_stats(self) -> dict[str, int] | None:
+        """The prefix cache's counters, or None without a cache."""
+        return self._core.prefix_cache_stats()
+
     def on_step(self, hook: StepHook) -> None:
         """Call ``hook`` on the engine's worker after every step."""
         self._engine.on_step.append(hook)

@@ -26,6 +26,7 @@ from code2wav.model.decoder import Decoder
 from code2wav.stream.lifecycle import Lifecycle
 from code2wav.stream.pool import StatePool
 from code2wav.stream.prefill import Prefill
+from code2wav.stream.prefix_cache import PrefixCache
 from code2wav.stream.rows import OnReady, Result, Row, Stream, StreamError
 from code2wav.stream.runner import EagerRunner, Runner
 from code2wav.stream.schedule import Group, SchedulePolicy, Scheduler
@@ -49,6 +50,7 @@ class StreamEngine(Lifecycle):
         max_prefix_frames: int = 4096,
         policy: SchedulePolicy | None = None,
         bucket_prefill: bool | None = None,
+        prefix_cache_bytes: int = 0,
     ):
         if runner is None:
             runner = EagerRunner(model, StatePool(model, 64 if max_streams is None else max_streams))
@@ -62,7 +64,8 @@ class StreamEngine(Lifecycle):
         self.scheduler = Scheduler(policy or SchedulePolicy(), self._piece(), self._max_rows)
         self.stager = Stager(runner.padded_shape, self.pool.scratch_slot, self.cfg.num_quantizers, pin=self.device.type == "cuda")
         self.prefill = Prefill(runner, max_step_frames, self.max_batch_frames,
-                               bucket=self.device.type == "cuda" if bucket_prefill is None else bucket_prefill)
+                               bucket=self.device.type == "cuda" if bucket_prefill is None else bucket_prefill,
+                               cache=PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None)
         self._events: list[Any] = []  # CUDA timing events, reused once their step has landed
 
     @property
@@ -105,6 +108,9 @@ class StreamEngine(Lifecycle):
 
     def runner_stats(self) -> dict[str, object] | None:
         return self.runner.stats()
+
+    def prefix_cache_stats(self) -> dict[str, int] | None:
+        return self.prefill.cache.stats() if self.prefill.cache is not None else None
 
     def _piece(self) -> int:
         """The most frames a row launches in one step: the runner's largest (a graph's frames

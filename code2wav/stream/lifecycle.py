@@ -146,6 +146,10 @@ class Lifecycle:
         """What its runner counted (graph replays, fallbacks, padded work); None: nothing."""
         return None
 
+    def prefix_cache_stats(self) -> dict[str, int] | None:
+        """The prefix cache's hits, misses, evictions, entries and bytes; None: no cache."""
+        return None
+
     # -- helpers -----------------------------------------------------------------------------------
 
     def _frames(self, payload: object, what: str, allow_empty: bool = False) -> Tensor:

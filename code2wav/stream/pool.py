@@ -125,6 +125,18 @@ class StatePool:
             torch._foreach_zero_([row for s in slots for row in self._rows[s][0]])
             torch._foreach_zero_([self._rows[s][1] for s in slots])
 
+    def snapshot(self, slot: int) -> dict[str, Tensor]:
+        """A copy of ``slot``'s state: its row of every buffer and its position."""
+        rows, position = self._rows[slot]
+        return {**{key: row.clone() for key, row in zip(self.buffers, rows)}, "position": position.clone()}
+
+    def restore(self, slot: int, state: dict[str, Tensor]) -> None:
+        """Write a ``snapshot`` into ``slot`` (in stream order on the pool's device)."""
+        rows, position = self._rows[slot]
+        for key, row in zip(self.buffers, rows):
+            row.copy_(state[key], non_blocking=True)
+        position.copy_(state["position"], non_blocking=True)
+
     def _inputs(self, x: Tensor, slots: Tensor, n_new: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         # A no-op for device tensors (so a pass stays pure device work with static shapes: what
         # a CUDA graph captures); asynchronous from pinned memory, in one copy where the three

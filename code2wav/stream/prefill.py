@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from code2wav.kernels.history import window
+from code2wav.stream.prefix_cache import PrefixCache
 from code2wav.stream.rows import Stream
 from code2wav.stream.runner import Runner
 from code2wav.stream.schedule import size_class
@@ -34,13 +35,16 @@ def prefill_shapes(back_context: int, max_step_frames: int, group_rows: int) -> 
 
 
 class Prefill:
-    def __init__(self, runner: Runner, max_step_frames: int, max_batch_frames: int, bucket: bool):
+    """``cache``: prefilled states kept for streams opening with the same prefix (None: none)."""
+
+    def __init__(self, runner: Runner, max_step_frames: int, max_batch_frames: int, bucket: bool, cache: PrefixCache | None = None):
         self.runner, self.pool, model = runner, runner.pool, runner.model
         self.q = model.config.num_quantizers
         self.back_context = model.back_context_frames()
         self.max_step_frames = max_step_frames
         self.rows = prefill_rows(max_batch_frames, self.back_context, self.pool.max_streams)
         self.bucket = bucket
+        self.cache = cache
         self.device = self.pool.device
 
     def shapes(self) -> list[tuple[str, int, int]]:
@@ -54,7 +58,23 @@ class Prefill:
 
     @torch.no_grad()
     def __call__(self, streams: list[Stream]) -> None:
-        """Prefill every stream's ``prefix`` into its slot (and clear it), ``self.rows`` at a time."""
+        """Prefill every stream's ``prefix`` into its slot (and clear it): from the cache where it
+        holds that prefix, else in batches of ``self.rows`` (and then kept in the cache)."""
+        if self.cache is None:
+            return self._prefill(streams)
+        misses = []
+        for st in streams:
+            state = self.cache.get(st.prefix)
+            if state is None:
+                misses.append((st, st.prefix))
+            else:
+                self.pool.restore(st.slot, state)
+                st.prefix = None
+        self._prefill([st for st, _ in misses])
+        for st, codes in misses:
+            self.cache.put(codes, self.pool.snapshot(st.slot))
+
+    def _prefill(self, streams: list[Stream]) -> None:
         K, step, pin = self.back_context, self.max_step_frames, self.device.type == "cuda"
         for g in range(0, len(streams), self.rows):
             group = streams[g : g + self.rows]

@@ -1,0 +1,109 @@
+"""The prefix cache: a stream opening with a reference prefix already prefilled starts from a copy
+of that state, and its audio is the whole-utterance forward's, hit and miss alike (float64)."""
+
+from __future__ import annotations
+
+import torch
+
+from code2wav.stream.engine import StreamEngine
+from code2wav.stream.prefix_cache import PrefixCache
+from tests.models import SMALL, forward_audio, model, one_thread, random_codes
+
+SPF = 1920
+
+
+def _stream(engine: StreamEngine, rid: str, codes: torch.Tensor, prefix: int, sizes: list[int]) -> torch.Tensor:
+    engine.open(rid, codes[:prefix])
+    out, at = [], prefix
+    for n in sizes:
+        out.append(engine.push(rid, codes[at : at + n]))
+        at += n
+    engine.finish(rid)
+    return torch.cat(out)
+
+
+def test_hits_and_misses_equal_the_forward():
+    m = model(SMALL, torch.float64)
+    voice = random_codes(40, SMALL, seed=5)  # the reference both requests clone
+    a = torch.cat([voice, random_codes(30, SMALL, seed=6)])
+    b = torch.cat([voice, random_codes(30, SMALL, seed=7)])
+    with one_thread():
+        engine = StreamEngine(m, max_streams=3, prefix_cache_bytes=64 << 20)
+        got_a = _stream(engine, "a", a, 40, [1, 4, 25])  # a miss: prefilled, then kept
+        got_b = _stream(engine, "b", b, 40, [3, 27])  # a hit: the state copied into another slot
+        ref_a, ref_b = forward_audio(m, a)[40 * SPF :], forward_audio(m, b)[40 * SPF :]
+    assert (got_a - ref_a).abs().max() <= 1e-9 and (got_b - ref_b).abs().max() <= 1e-9
+    stats = engine.prefix_cache_stats()
+    assert stats["hits"] == 1 and stats["misses"] == 1 and stats["entries"] == 1 and 0 < stats["bytes"] <= 64 << 20
+
+
+def test_a_hit_and_a_miss_in_one_step_with_a_cold_stream_beside_them():
+    m = model(SMALL, torch.float64)
+    voice, other = random_codes(20, SMALL, seed=8), random_codes(12, SMALL, seed=9)
+    tail = random_codes(10, SMALL, seed=10)
+    with one_thread():
+        engine = StreamEngine(m, max_streams=4, prefix_cache_bytes=64 << 20)
+        _stream(engine, "warm", torch.cat([voice, tail]), 20, [2])  # puts the voice in the cache
+        engine.open("hit", voice)
+        engine.open("miss", other)
+        engine.open("cold")
+        out = engine.decode({"hit": tail[:5], "miss": tail[:7], "cold": tail[:1]})
+    assert (out["hit"] - forward_audio(m, torch.cat([voice, tail]))[20 * SPF : 25 * SPF]).abs().max() <= 1e-9
+    assert (out["miss"] - forward_audio(m, torch.cat([other, tail]))[12 * SPF : 19 * SPF]).abs().max() <= 1e-9
+    assert (out["cold"] - forward_audio(m, tail)[:SPF]).abs().max() <= 1e-9
+    assert engine.prefix_cache_stats()["hits"] == 1 and engine.prefix_cache_stats()["misses"] == 2
+
+
+def test_the_least_recently_used_prefix_leaves_first_under_the_bound():
+    m = model(SMALL, torch.float64)
+    first, second = random_codes(10, SMALL, seed=11), random_codes(10, SMALL, seed=12)
+    one = StreamEngine(m, max_streams=1, prefix_cache_bytes=64 << 20)
+    _stream(one, "x", torch.cat([first, first]), 10, [1])
+    entry = one.prefix_cache_stats()["bytes"]  # one prefix's state
+    engine = StreamEngine(m, max_streams=1, prefix_cache_bytes=entry + entry // 2)  # room for one
+    for rid, p in (("a", first), ("b", second), ("c", first)):
+        _stream(engine, rid, torch.cat([p, p]), 10, [1])
+    stats = engine.prefix_cache_stats()
+    assert stats["misses"] == 3 and stats["hits"] == 0 and stats["evictions"] == 2 and stats["entries"] == 1
+    assert stats["bytes"] <= stats["max_bytes"]
+
+
+def test_a_hash_collision_is_a_miss_not_another_voice(monkeypatch):
+    """A hit is checked against the codes: two prefixes that hash alike never share state."""
+    monkeypatch.setattr(PrefixCache, "_key", staticmethod(lambda codes: "same"))
+    m = model(SMALL, torch.float64)
+    a, b = random_codes(30, SMALL, seed=13), random_codes(30, SMALL, seed=14)
+    engine = StreamEngine(m, max_streams=2, prefix_cache_bytes=64 << 20)
+    _stream(engine, "a", a, 15, [15])
+    got = _stream(engine, "b", b, 15, [15])
+    assert (got - forward_audio(m, b)[15 * SPF :]).abs().max() <= 1e-9
+    assert engine.prefix_cache_stats()["hits"] == 0
+
+
+def test_without_a_bound_there_is_no_cache():
+    engine = StreamEngine(model(SMALL, torch.float64), max_streams=1)
+    assert engine.prefix_cache_stats() is None and engine.prefill.cache is None
+
+
+def test_metrics_show_the_prefix_cache():
+    """``/metrics`` carries the cache's hits, misses, evictions and bytes (in-process)."""
+    import asyncio
+
+    from code2wav.engine.async_engine import AsyncEngine
+    from code2wav.server.metrics import _Metrics
+    from code2wav.server.service import Service
+
+    m = model(SMALL, torch.float32)
+    voice = random_codes(12, SMALL, seed=15)
+
+    async def go() -> str:
+        async with AsyncEngine(StreamEngine(m, max_streams=2, prefix_cache_bytes=64 << 20)) as eng:
+            for rid in ("a", "b"):
+                await eng.open(rid, voice)
+                await eng.push(rid, voice[:2])
+                await eng.finish(rid)
+            return _Metrics(Service(eng)).render().decode()
+
+    text = asyncio.run(go())
+    assert "code2wav_prefix_cache_hits_total 1.0" in text and "code2wav_prefix_cache_misses_total 1.0" in text
+    assert "code2wav_prefix_cache_bytes " in text
