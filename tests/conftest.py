@@ -19,3 +19,15 @@ if "torch" not in sys.modules:
 # reads this when a kernel is defined, so it too must be set before code2wav is imported. Only
 # tests/test_kernels.py launches them on CPU tensors (everywhere else the gate sends CPU to eager).
 os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+import pytest  # noqa: E402  (after the environment above)
+
+
+@pytest.fixture(scope="session")
+def ckpt(tmp_path_factory):
+    """A small random checkpoint in the official on-disk layout, written once per session: the
+    service and CLI tests load it read-only (a test that damages one copies it first)."""
+    from tests.models import write_checkpoint
+
+    return write_checkpoint(tmp_path_factory.mktemp("ckpt") / "tokenizer")

@@ -48,6 +48,23 @@ def random_codes(frames: int, cfg: DecoderConfig = SMALL, seed: int = 0) -> torc
     return torch.randint(0, cfg.codebook_size, (frames, cfg.num_quantizers), generator=g)
 
 
+def stream_alone(engine, rid: str, codes: torch.Tensor, prefix: int, n: int, schedule: list[int]) -> torch.Tensor:
+    """One stream through ``engine``: opened with ``codes[:prefix]``, then ``n`` frames pushed in
+    ``schedule``'s chunk sizes (the last repeating), then finished; returns the pushed audio."""
+    from code2wav.options import chunk_schedule
+
+    spf = engine.cfg.samples_per_frame
+    engine.open(rid, codes[:prefix])
+    out, at = [], prefix
+    for size in chunk_schedule(n, schedule):
+        audio = engine.push(rid, codes[at : at + size])
+        assert audio.shape == (size * spf,), "each push returns exactly its frames' audio"
+        out.append(audio)
+        at += size
+    assert engine.finish(rid).numel() == 0, "nothing is held back"
+    return torch.cat(out)
+
+
 @torch.no_grad()
 def forward_audio(m: Decoder, codes: torch.Tensor) -> torch.Tensor:
     """Whole-utterance forward of [frames, Q] codes -> 1-D audio."""

@@ -18,7 +18,7 @@ from code2wav import offline
 from code2wav.cli import main
 from code2wav.model.loading import CONFIG_FILE, WEIGHTS_FILE, load_decoder
 from code2wav.options import chunk_schedule
-from tests.models import one_thread, random_codes, write_checkpoint
+from tests.models import one_thread, random_codes
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "code2wav" / "assets" / "example_codes.npy"
@@ -32,11 +32,6 @@ def _threads(request):
         return
     with one_thread():
         yield
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> Path:
-    return write_checkpoint(tmp_path_factory.mktemp("tiny") / "tokenizer")
 
 
 @pytest.fixture(scope="module")

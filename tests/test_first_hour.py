@@ -24,7 +24,7 @@ import torch
 
 from code2wav.cli import build_parser, main
 from code2wav.report import Result
-from tests.models import one_thread, random_codes, write_checkpoint
+from tests.models import one_thread, random_codes
 from tests.servers import Server, _free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,11 +37,6 @@ BODY_LIMIT = 20_000  # CODE2WAV_MAX_BODY_BYTES of the module's server
 def _threads():
     with one_thread():
         yield
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> Path:
-    return write_checkpoint(tmp_path_factory.mktemp("first-hour") / "tokenizer")
 
 
 def codes_npy(tmp_path: Path, frames: int, name: str = "c.npy") -> str:

@@ -24,18 +24,13 @@ pytest.importorskip("httpx")
 
 import httpx  # noqa: E402
 
-from tests.models import random_codes, write_checkpoint  # noqa: E402
+from tests.models import random_codes  # noqa: E402
 from tests.servers import Server  # noqa: E402
 
 KEY = "k3y"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 MAX_HTTP = 2
 SPF = 1920
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> Path:
-    return write_checkpoint(tmp_path_factory.mktemp("contract") / "tokenizer")
 
 
 @pytest.fixture(scope="module")

@@ -7,19 +7,9 @@ import torch
 
 from code2wav.stream.engine import StreamEngine
 from code2wav.stream.prefix_cache import PrefixCache
-from tests.models import SMALL, forward_audio, model, one_thread, random_codes
+from tests.models import SMALL, forward_audio, model, one_thread, random_codes, stream_alone
 
 SPF = 1920
-
-
-def _stream(engine: StreamEngine, rid: str, codes: torch.Tensor, prefix: int, sizes: list[int]) -> torch.Tensor:
-    engine.open(rid, codes[:prefix])
-    out, at = [], prefix
-    for n in sizes:
-        out.append(engine.push(rid, codes[at : at + n]))
-        at += n
-    engine.finish(rid)
-    return torch.cat(out)
 
 
 def test_hits_and_misses_equal_the_forward():
@@ -29,8 +19,8 @@ def test_hits_and_misses_equal_the_forward():
     b = torch.cat([voice, random_codes(30, SMALL, seed=7)])
     with one_thread():
         engine = StreamEngine(m, max_streams=3, prefix_cache_bytes=64 << 20)
-        got_a = _stream(engine, "a", a, 40, [1, 4, 25])  # a miss: prefilled, then kept
-        got_b = _stream(engine, "b", b, 40, [3, 27])  # a hit: the state copied into another slot
+        got_a = stream_alone(engine, "a", a, 40, 30, [1, 4, 25])  # a miss: prefilled, then kept
+        got_b = stream_alone(engine, "b", b, 40, 30, [3, 27])  # a hit: the state copied into another slot
         ref_a, ref_b = forward_audio(m, a)[40 * SPF :], forward_audio(m, b)[40 * SPF :]
     assert (got_a - ref_a).abs().max() <= 1e-9 and (got_b - ref_b).abs().max() <= 1e-9
     stats = engine.prefix_cache_stats()
@@ -43,7 +33,7 @@ def test_a_hit_and_a_miss_in_one_step_with_a_cold_stream_beside_them():
     tail = random_codes(10, SMALL, seed=10)
     with one_thread():
         engine = StreamEngine(m, max_streams=4, prefix_cache_bytes=64 << 20)
-        _stream(engine, "warm", torch.cat([voice, tail]), 20, [2])  # puts the voice in the cache
+        stream_alone(engine, "warm", torch.cat([voice, tail]), 20, 2, [2])  # puts the voice in the cache
         engine.open("hit", voice)
         engine.open("miss", other)
         engine.open("cold")
@@ -58,11 +48,11 @@ def test_the_least_recently_used_prefix_leaves_first_under_the_bound():
     m = model(SMALL, torch.float64)
     first, second = random_codes(10, SMALL, seed=11), random_codes(10, SMALL, seed=12)
     one = StreamEngine(m, max_streams=1, prefix_cache_bytes=64 << 20)
-    _stream(one, "x", torch.cat([first, first]), 10, [1])
+    stream_alone(one, "x", torch.cat([first, first]), 10, 1, [1])
     entry = one.prefix_cache_stats()["bytes"]  # one prefix's state
     engine = StreamEngine(m, max_streams=1, prefix_cache_bytes=entry + entry // 2)  # room for one
     for rid, p in (("a", first), ("b", second), ("c", first)):
-        _stream(engine, rid, torch.cat([p, p]), 10, [1])
+        stream_alone(engine, rid, torch.cat([p, p]), 10, 1, [1])
     stats = engine.prefix_cache_stats()
     assert stats["misses"] == 3 and stats["hits"] == 0 and stats["evictions"] == 2 and stats["entries"] == 1
     assert stats["bytes"] <= stats["max_bytes"]
@@ -74,8 +64,8 @@ def test_a_hash_collision_is_a_miss_not_another_voice(monkeypatch):
     m = model(SMALL, torch.float64)
     a, b = random_codes(30, SMALL, seed=13), random_codes(30, SMALL, seed=14)
     engine = StreamEngine(m, max_streams=2, prefix_cache_bytes=64 << 20)
-    _stream(engine, "a", a, 15, [15])
-    got = _stream(engine, "b", b, 15, [15])
+    stream_alone(engine, "a", a, 15, 15, [15])
+    got = stream_alone(engine, "b", b, 15, 15, [15])
     assert (got - forward_audio(m, b)[15 * SPF :]).abs().max() <= 1e-9
     assert engine.prefix_cache_stats()["hits"] == 0
 

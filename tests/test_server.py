@@ -8,7 +8,6 @@ import io
 import json
 import re
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,18 +27,13 @@ from code2wav.client import AsyncClient, Client, ServerError, frames_bytes  # no
 from code2wav.model.loading import load_decoder  # noqa: E402
 from code2wav.server.audio import to_int16  # noqa: E402
 from code2wav.stream.engine import StreamEngine  # noqa: E402
-from tests.models import one_thread, random_codes, write_checkpoint  # noqa: E402
+from tests.models import one_thread, random_codes  # noqa: E402
 from tests.servers import Server  # noqa: E402
 
 SPF, SR = 1920, 24000
 KEY = "s3cret"
 MAIN_MAX_MESSAGE = 200_000
 MAIN_MAX_FRAMES = 2_000
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> Path:
-    return write_checkpoint(tmp_path_factory.mktemp("serve") / "tokenizer")
 
 
 @pytest.fixture(scope="module")

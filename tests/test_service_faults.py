@@ -14,7 +14,6 @@ import socket
 import subprocess
 import threading
 import time
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -32,17 +31,12 @@ from websockets.sync.client import connect  # noqa: E402
 
 from code2wav.engine.async_engine import AsyncEngine, EngineFailed  # noqa: E402
 from code2wav.stream.engine import StreamEngine  # noqa: E402
-from tests.models import SMALL, model, one_thread, random_codes, write_checkpoint  # noqa: E402
+from tests.models import SMALL, model, one_thread, random_codes  # noqa: E402
 from tests.servers import Server  # noqa: E402
 
 EXIT_ENGINE_FAILED = 70  # code2wav.server.run.EXIT_ENGINE_FAILED (docs/protocol.md)
 DEADLINE = 60  # seconds: generous bounds for events that take well under a second unloaded
 FAULT = ("-m", "tests.fault_server")
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> Path:
-    return write_checkpoint(tmp_path_factory.mktemp("faults") / "tokenizer")
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import torch
 from code2wav.options import chunk_schedule
 from code2wav.stream.baselines import BaselineEngine
 from code2wav.stream.engine import StreamEngine
-from tests.models import FULL, SMALL, forward_audio, model, one_thread, random_codes
+from tests.models import FULL, SMALL, forward_audio, model, one_thread, random_codes, stream_alone
 
 SPF = 1920
 
@@ -40,18 +40,6 @@ def schedule_sizes(schedule: list[int], total: int) -> list[int]:
 def ragged(seed: int, total: int, hi: int = 30) -> list[int]:
     rng = random.Random(seed)
     return [rng.randint(1, hi) for _ in range(total)]
-
-
-def stream_alone(engine: StreamEngine, rid: str, codes: torch.Tensor, prefix: int, n: int, schedule: list[int]) -> torch.Tensor:
-    engine.open(rid, codes[:prefix])
-    out, at = [], prefix
-    for size in schedule_sizes(schedule, n):
-        audio = engine.push(rid, codes[at : at + size])
-        assert audio.shape == (size * SPF,), "each push returns exactly its frames' audio"
-        out.append(audio)
-        at += size
-    assert engine.finish(rid).numel() == 0, "nothing is held back"
-    return torch.cat(out)
 
 
 def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
