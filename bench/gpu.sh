@@ -8,6 +8,10 @@
 #                                 with and without a 72-frame prefix; a lone stream's first packet leg by leg
 #   bash bench/gpu.sh profile     eager vs graph replay per step shape, the top kernels of a large step
 #   bash bench/gpu.sh service     the service (bench --server, a load test) against in-process
+#   bash bench/gpu.sh fullload    the service from a cold start (spawn -> first audio), then at full load:
+#                                 1, 4 x 16 and 4 x 64 WebSocket streams from 4 client processes,
+#                                 prefix 0 and 200; then the same workload in-process
+#   bash bench/gpu.sh startup     where a start's time goes, phase by phase and graph by graph
 #   bash bench/gpu.sh capacity    256 / 1024 / 2048 talkers at 2x real time: the stalls the decoder adds
 #   bash bench/gpu.sh offline     whole-utterance decodes, ours vs the official decoder
 #   bash bench/gpu.sh ab FIELD=VALUE [...]   A/B of engine knobs (EngineConfig fields, dotted for
@@ -60,6 +64,16 @@ service)
   kill "$SERVER"; wait "$SERVER" 2>/dev/null
   python3 -m code2wav bench --modes exact-graph --levels 1,64 --frames 101 --out "$OUT/inprocess" 2>&1 | tee "$OUT/inprocess.txt"
   echo "=== service ==="; tail -n 3 "$OUT/service.txt"; tail -n 3 "$OUT/loadtest.txt"; echo "=== in-process ==="; tail -n 4 "$OUT/inprocess.txt"
+  ;;
+fullload)
+  loads='for spec in "1 1" "4 16" "4 64"; do for pfx in 0 200; do echo "=== service: procs x streams $spec, prefix $pfx";
+    python3 bench/service_load.py http://127.0.0.1:8091 $spec 8 --prefix $pfx | tee -a '"$OUT"'/service_load.jsonl | cut -c1-240; done; done'
+  timeout 330 python3 bench/cold_start.py serve --then "$loads" --device cuda --dtype bfloat16 --max-streams 256 2>&1 | tee "$OUT/fullload.txt"
+  sustained inprocess --levels 1,64,256 --prefix 0,200 --seconds 4
+  echo "=== summary ==="; grep -v "^{" "$OUT/fullload.txt" | head -8; grep -A8 "^mode" "$OUT/inprocess.txt"
+  ;;
+startup)
+  timeout 300 python3 bench/cold_start.py phases bfloat16 2>&1 | tee "$OUT/startup.txt"
   ;;
 capacity)
   timeout 300 python3 -m code2wav.bench --modes exact-graph --levels 256,1024,2048 --pace 2 --seconds 12 --stagger-ms 1 --out "$OUT/capacity" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/capacity.txt"

@@ -38,6 +38,7 @@ from code2wav.options import (
     chunk_schedule,
     engine_config,
     non_negative_float,
+    non_negative_int,
     parse_device,
     parse_floats,
     parse_ints,
@@ -63,7 +64,7 @@ def engine_for(model: Decoder, mode: str, base: EngineConfig) -> Lifecycle:
 
 
 async def _workload(core: Lifecycle, concurrency: int, frames: int, schedule: list[int], prefix: int, stagger_s: float, seed: int,
-                    seconds: float = 0.0, pace: float = 0.0) -> "_Measured":
+                    seconds: float = 0.0, pace: float = 0.0, voices: int = 0) -> "_Measured":
     """``concurrency`` workers, started ``stagger_s`` apart. With ``seconds == 0`` each decodes
     one stream and everything is measured. With ``seconds > 0`` each opens stream after stream
     (sustained load: what a GPU holds, not how a burst drains), and only a window of that length
@@ -75,8 +76,13 @@ async def _workload(core: Lifecycle, concurrency: int, frames: int, schedule: li
     as soon as its frames exist, whatever the audio; a listener plays from the first audio on.
     A slow talker makes it wait by itself, so per stream we keep the waiting the decoder adds:
     playback stalls with the real arrivals minus those had every chunk's audio come back the
-    moment it was pushed (the first packet's latency is TTFP, not a stall)."""
+    moment it was pushed (the first packet's latency is TTFP, not a stall).
+
+    ``voices > 0``: every prefix is one of that many reference voices (stream k takes voice
+    k mod voices, the same voices at every level), as voice-clone traffic repeats its references."""
     q, size = core.cfg.num_quantizers, core.cfg.codebook_size
+    bank = np.random.default_rng(7).integers(0, size, (voices, prefix, q)) if voices and prefix else None
+    opened_streams = iter(range(1 << 62))
     fps = core.cfg.sample_rate / core.cfg.samples_per_frame
     rng = np.random.default_rng(seed)
     m = _Measured()
@@ -100,6 +106,8 @@ async def _workload(core: Lifecycle, concurrency: int, frames: int, schedule: li
 
         async def stream(rid: str) -> None:
             codes = rng.integers(0, size, (prefix + frames, q))
+            if bank is not None:
+                codes[:prefix] = bank[next(opened_streams) % voices]
             await eng.open(rid, codes[:prefix] if prefix else None)
             opened, at, chunks = time.perf_counter(), prefix, []  # (pushed, landed, frames)
             sent: list[tuple[float, asyncio.Future, list[float], int]] = []  # (pushed, future, [landed], frames)
@@ -198,13 +206,15 @@ def run(
     warm_eager: bool | None = None,
     first_chunk_waits: tuple[float | None, ...] = (None,),
     base: EngineConfig | None = None,
+    voices: int = 0,
 ) -> list[Result]:
     """``warm_eager`` (default: on CUDA): eager modes run each level's workload once untimed
     before the timed run, so that the first call of every new shape (cuDNN's plan for it, say)
     is not inside their timings; graphs meet their shapes at capture. ``first_chunk_waits``
     (seconds; None: the engine's default): each level runs once per value, on one engine.
     ``base``: every other engine knob (``max_streams`` is the largest level; pieces of 32 frames
-    unless it sets ``max_step_frames``)."""
+    unless it sets ``max_step_frames``). ``voices``: prefixes drawn from that many references
+    (``_workload``; 0: each stream its own)."""
     schedule = schedule or [1, 25]
     max_batch_frames = max_batch_frames or default_batch_frames()
     cuda = next(model.parameters()).is_cuda
@@ -231,7 +241,7 @@ def run(
         graph_mb = core.runner_stats()["pool_bytes"] / 2**20 if mode == "exact-graph" else 0.0  # type: ignore[index]  (taken at capture)
         for prefix_frames in prefixes:  # one engine (one capture) per mode, every prefix
             # One untimed warm-up run per engine and prefix (allocator, cudnn autotune, lazy init).
-            asyncio.run(_workload(core, min(4, max(levels)), min(frames, 30), schedule, prefix_frames, 0.0, seed=99))
+            asyncio.run(_workload(core, min(4, max(levels)), min(frames, 30), schedule, prefix_frames, 0.0, seed=99, voices=voices))
             for c, wait in ((c, w) for c in levels for w in first_chunk_waits):
                 wait_s = policy.first_chunk_wait if wait is None else wait
                 if isinstance(core, StreamEngine):  # the baselines do not gather
@@ -241,7 +251,11 @@ def run(
                 if cuda:
                     torch.cuda.synchronize()
                     torch.cuda.reset_peak_memory_stats()
-                m = asyncio.run(_workload(core, c, frames, schedule, prefix_frames, stagger_s, seed=c, seconds=seconds, pace=pace))
+                cache0 = core.prefix_cache_stats()
+                m = asyncio.run(_workload(core, c, frames, schedule, prefix_frames, stagger_s, seed=c, seconds=seconds, pace=pace, voices=voices))
+                cache1 = core.prefix_cache_stats()
+                looked_up = cache1["hits"] + cache1["misses"] - cache0["hits"] - cache0["misses"] if cache1 else 0
+                hit_pct = 100 * (cache1["hits"] - cache0["hits"]) / looked_up if looked_up else float("nan")
                 g = core.runner_stats() or {}
                 audio_s = m.samples / core.cfg.sample_rate
                 results.append(
@@ -268,6 +282,7 @@ def run(
                         graph_fallbacks=sum(g.get("fallbacks", {}).values()),
                         sustained_s=seconds,
                         pace=pace,
+                        prefix_hit_pct=hit_pct,
                         stalled_pct=100 * float(np.mean(np.asarray(m.stalls) > 1e-3)) if m.stalls else float("nan"),
                         stall_p99_ms=_pct(m.stalls, 99),
                         padding_pct=_padding_pct(m.work),
@@ -293,6 +308,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frames", type=positive_int, default=101, help="frames per stream (after the prefix)")
     p.add_argument("--chunks", default="1,25", help="chunk schedule, the last size repeating")
     p.add_argument("--prefix", default="0", help="reference prefix frames; comma list runs each")
+    p.add_argument("--voices", type=non_negative_int, default=0,
+                   help="prefixes drawn from this many reference voices, as voice-clone traffic repeats them (0: each stream its own)")
     p.add_argument("--stagger-ms", type=non_negative_float, default=2.0)
     p.add_argument("--pace", type=non_negative_float, default=0.0,
                    help="talkers generating at this x real time push each chunk when its frames exist, and listeners play from the "
@@ -372,14 +389,14 @@ def main(args: argparse.Namespace) -> int:
     model = load_model(base)
     results = run(model, modes, levels, args.frames, chunks, prefixes, args.stagger_ms / 1e3, args.max_batch_frames, seconds=args.seconds,
                   group_by_size=args.group_by_size, split_lone_group=args.split_lone_group, pace=args.pace, warm_eager=args.warm_eager,
-                  first_chunk_waits=waits, base=base)
+                  first_chunk_waits=waits, base=base, voices=args.voices)
     meta = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "dtype": args.dtype,
             "low_rate_dtype": str(model.low_rate_dtype).removeprefix("torch."), "torch": torch.__version__,
             "channels_last": args.channels_last, "max_batch_frames": args.max_batch_frames, "sustained_s": args.seconds,
             "group_by_size": args.group_by_size, "split_lone_group": args.split_lone_group, "pace": args.pace,
             "convt": args.convt, "warm_eager": args.warm_eager,  # None: run()'s default, on for CUDA
             "first_chunk_wait_ms": args.first_chunk_wait_ms,  # None: the engine's default
-            "settings": args.settings}
+            "settings": args.settings, "voices": args.voices}
     # Figures with no value (no CUDA, no graphs, nothing in the window) are null: NaN is not JSON.
     (out / "results.json").write_text(json.dumps(json_safe({"meta": meta, "results": [asdict(r) for r in results]}), indent=2, allow_nan=False))
     skipped = plot(results, out / "plot.png", title(meta, args.frames, args.chunks, args.seconds, args.pace))
