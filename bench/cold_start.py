@@ -41,6 +41,8 @@ def phases(dtype_name: str) -> None:
     out["cuda init"] = time.perf_counter() - t
     t = time.perf_counter()
     configure_cuda(getattr(torch, dtype_name))
+    if os.environ.get("CUDNN_BENCHMARK") == "0":  # the A/B: cuDNN's heuristic algorithm choice, no per-shape timing
+        torch.backends.cudnn.benchmark = False
     model = load_model(cfg)
     torch.cuda.synchronize()
     out["load model"] = time.perf_counter() - t
@@ -70,8 +72,20 @@ def phases(dtype_name: str) -> None:
     runner.capture(engine.prefill_shapes())
     out["all graphs again"] = time.perf_counter() - t
     out["total"] = time.perf_counter() - T0
+    # What the captured graphs cost to replay (the steady state), a few shapes: cuDNN's
+    # algorithm choice at capture is in these.
+    for shape in [(1, 1), (1, 25), (16, 25), (19, 25), (60, 8)]:
+        if shape in runner.graphs:
+            g = runner.graphs[shape].graph
+            g.replay()
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(50):
+                g.replay()
+            torch.cuda.synchronize()
+            out[f"replay {shape} ms"] = (time.perf_counter() - t) / 50 * 1e3
     for k, v in out.items():
-        print(f"{k:>20}: {v:8.2f} s")
+        print(f"{k:>22}: {v:8.3f}" + ("" if k.endswith("ms") else " s"))
     print(f"{len(each)} graphs; the costliest first:")
     for name, s in sorted(each, key=lambda x: -x[1])[:15]:
         print(f"  {name:>28}: {s * 1e3:9.1f} ms")
