@@ -87,11 +87,13 @@ class Connector:
             payload.meta.is_segment_finished = torch.tensor(segment_finished)
         return to_dict(payload)
 
-    def stream(self, rid: str, codes: torch.Tensor, ref: torch.Tensor | None = None) -> list[dict]:
-        """Every payload of one request that generates ``codes`` [T, Q] frame by frame."""
+    def stream(self, rid: str, codes: torch.Tensor, ref: torch.Tensor | None = None, segment: bool = False) -> list[dict]:
+        """Every payload of one request that generates ``codes`` [T, Q] frame by frame (its last
+        frame finishes the request, or with ``segment`` only its segment)."""
         out = []
         for t in range(codes.shape[0]):
-            p = self.step(rid, codes[t], ref, finished=t == codes.shape[0] - 1)
+            last = t == codes.shape[0] - 1
+            p = self.step(rid, codes[t], ref, finished=last and not segment, segment_finished=last and segment)
             if p is not None:
                 out.append(p)
         return out

@@ -35,6 +35,7 @@ from code2wav.engine.build import EngineConfig, build_engine  # noqa: E402
 from code2wav.integrations.vllm_omni import ARCH  # noqa: E402
 from code2wav.integrations.vllm_omni.rows import Row, read_rows  # noqa: E402
 from code2wav.stream.lifecycle import Lifecycle  # noqa: E402
+from code2wav.stream.pool import PoolFull  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -190,7 +191,11 @@ class Code2WavQwen3TTSCode2Wav(nn.Module):
             try:
                 if not engine.is_open(row.key):
                     engine.open(row.key, frames[:context])
-            except Exception as e:  # PoolFull, a bad prefix: this request only
+            except PoolFull as e:
+                self._fail(row, f"{e}: the state pool holds {self.config.max_streams} streams (code2wav_max_streams "
+                                "in the stage connector's extra; by default the stage's max_num_seqs)")
+                continue
+            except Exception as e:  # a bad reference prefix: this request only
                 self._fail(row, str(e))
                 continue
             if frames.shape[0] > context:
