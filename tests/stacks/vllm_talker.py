@@ -109,15 +109,15 @@ def full_payload(rid: str, codes: torch.Tensor, ref: torch.Tensor | None = None)
     return talker2code2wav_full_payload(None, pooling, request)
 
 
-def forward_args(rows: list[tuple[str, dict]], placeholders: bool = False) -> dict[str, Any]:
+def forward_args(rows: list[tuple[str, dict]], placeholders: bool = False, device: str = "cpu") -> dict[str, Any]:
     """A stage ``forward``'s arguments for one runner step over ``rows`` (scheduler id, payload):
     the flat codebook-major codes as ``input_ids`` (``placeholders``: zeros of the same length, as
-    the non-streaming path schedules), the payloads as ``runtime_additional_information``, the
-    per-request token counts and the scheduler's request ids."""
+    the non-streaming path schedules; on ``device``, as the runner's are), the payloads as
+    ``runtime_additional_information``, the per-request token counts and the scheduler's ids."""
     flats = [p.get("codes", {}).get("audio", torch.zeros(0, dtype=torch.long)).reshape(-1) for _, p in rows]
     ids = torch.cat(flats) if flats else torch.zeros(0, dtype=torch.long)
     return {
-        "input_ids": torch.zeros_like(ids) if placeholders else ids,
+        "input_ids": (torch.zeros_like(ids) if placeholders else ids).to(device),
         "positions": None,
         "runtime_additional_information": [p for _, p in rows],
         "seq_token_counts": [f.numel() for f in flats],
