@@ -20,12 +20,24 @@ import pytest
 import torch
 
 from tests.models import SMALL, forward_audio, model, one_thread, random_codes
-from tests.stacks import vllm_talker as vt
+from tests.stacks import vllm_stubs
+
+installed = vllm_stubs.install()
+from tests.stacks import vllm_talker as vt  # noqa: E402  (vLLM-Omni's talker side, on the stand-ins)
 
 SPF = 1920
 ROOT = Path(__file__).resolve().parents[1]
 RAMP = {"codec_chunk_frames": 25, "codec_left_context_frames": 72, "codec_chunk_ramp": [4, 4, 8, 16, 25]}
 IC1 = {"codec_chunk_frames": 25, "codec_left_context_frames": 72, "initial_codec_chunk_frames": 1}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stand_ins():
+    """The vllm stand-ins stay for this module's tests only (the rest of the suite never sees them)."""
+    vllm_stubs.install()
+    yield
+    if installed:
+        vllm_stubs.remove()
 
 
 @pytest.fixture(autouse=True)

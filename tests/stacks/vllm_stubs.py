@@ -38,6 +38,7 @@ def _module(name: str, **attrs: Any) -> types.ModuleType:
     if mod is None:
         mod = types.ModuleType(name)
         mod.__path__ = []  # a package, so submodules can hang below it
+        mod._code2wav_stand_in = True
         sys.modules[name] = mod
         parent, _, child = name.rpartition(".")
         if parent:
@@ -193,7 +194,7 @@ def install() -> bool:
     if "vllm" not in sys.modules and importlib.util.find_spec("vllm") is not None:
         return False
     registry = _ModelRegistry()
-    _module("vllm", _code2wav_stand_in=True, ModelRegistry=registry)
+    _module("vllm", ModelRegistry=registry)
     _module("vllm.logger", init_logger=init_logger)
     _module("vllm.config", VllmConfig=type("VllmConfig", (), {}))
     _module("vllm.sequence", IntermediateTensors=type("IntermediateTensors", (), {}))
@@ -210,3 +211,10 @@ def install() -> bool:
             _ModelRegistry=_ModelRegistry, _resolve_module_name=_resolve_module_name)
     _bare_package("vllm_omni")
     return True
+
+
+def remove() -> None:
+    """Take the stand-ins out of ``sys.modules`` again (modules imported meanwhile keep what
+    they imported), so later imports of ``vllm`` elsewhere in the process do not see them."""
+    for name in [n for n, m in sys.modules.items() if (n == "vllm" or n.startswith("vllm.")) and getattr(m, "_code2wav_stand_in", False)]:
+        del sys.modules[name]
