@@ -115,7 +115,7 @@ def serve(args: list[str], then: str | None) -> None:
                         s.recv_audio()
                         stamps["first audio"] = time.perf_counter() - t0
                         stamps["health at first audio: " + json.dumps(body)] = 0.0
-                if r.status_code == 200 and body.get("engine", "ready") == "ready":
+                if r.status_code == 200 and body.get("graphs", {}).get("state", "ready") == "ready":
                     stamps["ready"] = time.perf_counter() - t0
             except (httpx.HTTPError, OSError):
                 pass

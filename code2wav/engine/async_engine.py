@@ -93,6 +93,10 @@ class AsyncEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._zeroing_queued = False
         self._held: dict[str, asyncio.Future] = {}  # the running decode's chunk futures, by stream (worker-owned)
+        # On the worker, before each decode and between its steps: graph captures while serving
+        # (engine/warmup.py). ``warmup``: started and stopped with the engine.
+        self.between_steps: list[Callable[[], None]] = []
+        self.warmup: Any = None
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -103,12 +107,16 @@ class AsyncEngine:
             self.engine.on_step.append(self._on_step)
             self._thread = threading.Thread(target=self._work, name="code2wav-step", daemon=True)
             self._thread.start()
+            if self.warmup is not None:
+                self.warmup.start()
 
     async def stop(self) -> None:
         for rid in list(self._pending):  # streams still open are aborted: their state is freed
             self._fail_pending(rid, StreamError("shutdown", f"stream {rid!r}: engine stopped"))
             self._pending.pop(rid)
             self.engine.abort(rid)
+        if self.warmup is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.warmup.stop)
         if self._thread is not None:
             self._stopping = True
             self._wake.set()
@@ -191,6 +199,14 @@ class AsyncEngine:
             self._settle(held, error)  # type: ignore[arg-type]
         self.engine.abort(request_id)
         self._zero_released_later()
+
+    def wake(self) -> None:
+        """Wake the worker (from any thread): ``between_steps`` has work."""
+        self._wake.set()
+
+    def _between(self) -> None:
+        for hook in self.between_steps:
+            hook()
 
     @property
     def streams(self) -> list[str]:
@@ -294,6 +310,7 @@ class AsyncEngine:
             self._wake.clear()  # before taking: a push after this point sets it again
             if self._stopping:
                 return
+            self._between()
             if self._zeroing_queued:
                 self._zeroing_queued = False
                 try:
@@ -326,7 +343,10 @@ class AsyncEngine:
                             res = e
                 loop.call_soon_threadsafe(self._resolve, fut, res)
 
-            more = lambda in_flight=in_flight, futures=futures, encoders=encoders: self._take(in_flight, futures, encoders)  # noqa: E731
+            def more(in_flight=in_flight, futures=futures, encoders=encoders) -> dict[str, object]:
+                self._between()
+                return self._take(in_flight, futures, encoders)
+
             try:
                 self.engine.decode(batch, on_ready, more)
             except Exception as e:  # a device failure fails the rows still held, not the worker

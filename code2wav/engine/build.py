@@ -23,6 +23,7 @@ from code2wav.stream.runner import EagerRunner
 from code2wav.stream.schedule import SchedulePolicy
 
 MODES: tuple[str, ...] = ("exact", *BASELINES)
+GRAPH_CAPTURE = ("background", "blocking")
 # Eager steps have no bucket to fit: longer pieces and bigger steps amortise the per-step host
 # work. With graphs a piece is at most the largest captured frames bucket.
 EAGER_STEP_FRAMES = 64
@@ -47,6 +48,10 @@ class EngineConfig:
     idle_timeout: float | None = None  # seconds; streams idle longer are aborted
     # -- steps
     graphs: bool | None = None  # replay CUDA graphs; None: on CUDA (exact mode)
+    # "background": an async engine serves at once and captures its graphs while it serves, steps
+    # without theirs yet running eagerly (engine/warmup.py); "blocking": every graph is captured
+    # before the engine is returned. A plain build_engine (no worker to capture on) always blocks.
+    graph_capture: str = "background"
     max_step_frames: int | None = None  # frames a row launches per step; None: see step_frames()
     max_batch_frames: int | None = None  # padded frames per step; None: see batch_frames()
     schedule: SchedulePolicy = field(default_factory=SchedulePolicy)
@@ -63,6 +68,8 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and value not in DTYPES:
                 raise ValueError(f"{name} must be one of {DTYPES}, got {value!r}")
+        if self.graph_capture not in GRAPH_CAPTURE:
+            raise ValueError(f"graph_capture must be one of {GRAPH_CAPTURE}, got {self.graph_capture!r}")
         if self.prefix_cache_bytes < 0:
             raise ValueError(f"prefix_cache_bytes must be >= 0, got {self.prefix_cache_bytes}")
         for name in ("max_streams", "max_prefix_frames", "max_pending_chunks", "max_step_frames", "max_batch_frames"):
@@ -97,10 +104,12 @@ def load_model(cfg: EngineConfig) -> Decoder:
                         low_rate_dtype=getattr(torch, cfg.low_rate_dtype) if cfg.low_rate_dtype else None, layers=cfg.layers)
 
 
-def build_engine(cfg: EngineConfig, model: Decoder | None = None) -> Lifecycle:
+def build_engine(cfg: EngineConfig, model: Decoder | None = None, capture: bool = True) -> Lifecycle:
     """A ready engine: a :class:`StreamEngine` for ``exact`` (graphs captured when
     ``cfg.use_graphs()``), a :class:`BaselineEngine` otherwise. ``model``: an already loaded
-    decoder to use (it keeps its own device, dtypes and layer choices; else ``load_model(cfg)``)."""
+    decoder to use (it keeps its own device, dtypes and layer choices; else ``load_model(cfg)``).
+    ``capture=False``: graphs planned, none captured yet (``build_async_engine`` captures them
+    while serving)."""
     model = model if model is not None else load_model(cfg)
     if cfg.mode != "exact":
         return BaselineEngine(model, cfg.mode, cfg.max_streams, cfg.batch_frames(), cfg.idle_timeout,  # type: ignore[arg-type]
@@ -111,12 +120,22 @@ def build_engine(cfg: EngineConfig, model: Decoder | None = None) -> Lifecycle:
     engine = StreamEngine(model, runner=runner, max_step_frames=cfg.step_frames(), max_batch_frames=cfg.batch_frames(),
                           idle_timeout=cfg.idle_timeout, max_prefix_frames=cfg.max_prefix_frames, policy=cfg.schedule,
                           prefix_cache_bytes=cfg.prefix_cache_bytes)
-    if graphs:
+    if graphs and capture:
         runner.capture(engine.prefill_shapes())  # type: ignore[union-attr]
     return engine
 
 
 def build_async_engine(cfg: EngineConfig, model: Decoder | None = None) -> AsyncEngine:
     """``build_engine``, driven by one worker thread for asyncio callers (start it with
-    ``async with``)."""
-    return AsyncEngine(build_engine(cfg, model), max_pending_chunks=cfg.max_pending_chunks)
+    ``async with``). With graphs and ``graph_capture="background"`` it serves at once and
+    captures them while serving (its ``warmup``)."""
+    background = cfg.use_graphs() and cfg.graph_capture == "background"
+    engine = build_engine(cfg, model, capture=not background)
+    async_engine = AsyncEngine(engine, max_pending_chunks=cfg.max_pending_chunks)
+    if background:
+        from code2wav.engine.warmup import Warmup
+
+        runner: GraphRunner = engine.runner  # type: ignore[attr-defined]
+        async_engine.warmup = warmup = Warmup(runner, runner.plan(engine.prefill_shapes()), async_engine.wake)  # type: ignore[attr-defined]
+        async_engine.between_steps.append(warmup.capture_ready)
+    return async_engine

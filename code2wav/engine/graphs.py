@@ -64,6 +64,19 @@ def pick_bucket(buckets: list[tuple[int, int]], batch: int, frames: int) -> tupl
     return b, t
 
 
+def capture_order(buckets: list[tuple[int, int]], prefill_shapes: list[tuple[str, int, int]] = ()) -> list[tuple[str, int, int]]:
+    """Every graph to capture as ``(kind, rows, frames)`` (kind ``step``, ``front`` or
+    ``back``), in the order a start that serves meanwhile captures them: a lone stream's first
+    chunk (1 frame) and its steady chunks (25 frames, a talker's usual, and the largest frames
+    bucket) first, then the lone
+    prefilled stream's passes, the steps by size (largest first: the smaller ones reuse its
+    memory), and the other prefill passes."""
+    steps = [("step", b, t) for b, t in sorted(buckets, key=lambda bt: -bt[0] * bt[1])]
+    first = [("step", 1, t) for t in (1, 25, max((t for _, t in buckets), default=1)) if ("step", 1, t) in steps]
+    lone = [p for p in prefill_shapes if p[1] == 1]
+    return list(dict.fromkeys(first + lone + steps + list(prefill_shapes)))  # each once, at its first place
+
+
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
@@ -103,27 +116,79 @@ class GraphRunner(EagerRunner):
     def capture(self, prefill_shapes: list[tuple[str, int, int]] = ()) -> None:
         """Warm up and capture every bucket, largest first so smaller graphs reuse its memory;
         then the prefill passes' shapes (``StreamEngine.prefill_shapes()``)."""
-        q = self.model.config.num_quantizers
-        self._shapes.clear()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         for b, t in sorted(self.buckets, key=lambda bt: -bt[0] * bt[1]):
-            packed, codes, slots, n_new = packed_inputs(b, t, self.pool.scratch_slot, self.device, q=q)
-            self.graphs[(b, t)] = self._capture(stream, self.pool.run, codes, slots, n_new)
-            self.graphs[(b, t)].packed = packed
-        for kind, b, t in prefill_shapes:
-            if kind == "front":
-                x = torch.zeros(b, q, t, dtype=torch.long, device=self.device)
-            else:  # hidden frames, laid out as the front's output is
-                x = self.model.front(torch.zeros(b, q, t, dtype=torch.long, device=self.device)).zero_()
-            self.prefill_graphs[(kind, b, t)] = self._capture(stream, getattr(self.pool, kind), x)
+            self._capture_step(stream, b, t)
+        for shape in prefill_shapes:
+            self._capture_prefill(stream, *shape)
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
         self.pool_bytes = self.memory_bytes()
 
+    def plan(self, prefill_shapes: list[tuple[str, int, int]] = ()) -> list[tuple[str, int, int]]:
+        """Every graph :meth:`capture` makes, in :func:`capture_order`."""
+        return capture_order(self.buckets, prefill_shapes)
+
+    def side_stream(self) -> torch.cuda.Stream:
+        """A CUDA stream of its own, for warming or capturing beside the steps (engine/warmup.py)."""
+        return torch.cuda.Stream(device=self.device)
+
+    @torch.no_grad()
+    def warm(self, shape: tuple[str, int, int], stream: torch.cuda.Stream) -> None:
+        """Run ``shape`` twice eagerly on ``stream`` and wait for it: the first run of a shape is
+        what costs (kernels loaded or compiled, cuDNN's plans), not its capture. Off the scratch
+        slot with no new frames, so it changes no stream's state; safe beside eager steps on
+        another thread (it captures nothing)."""
+        fn, args = self._shape_inputs(shape)
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                fn(self.model, *args)
+        stream.synchronize()
+
+    @torch.no_grad()
+    def capture_one(self, shape: tuple[str, int, int], stream: torch.cuda.Stream) -> None:
+        """Capture ``shape`` (from :meth:`plan`) now; its steps replay it from the next one on."""
+        stream.wait_stream(torch.cuda.current_stream())
+        kind, b, t = shape
+        if kind == "step":
+            self._capture_step(stream, b, t)
+        else:
+            self._capture_prefill(stream, kind, b, t)
+        torch.cuda.current_stream().wait_stream(stream)
+        stream.synchronize()
+        self._shapes.clear()  # padded_shape's answers change with every graph in
+        self.pool_bytes = self.memory_bytes()
+
+    def _shape_inputs(self, shape: tuple[str, int, int]) -> tuple:
+        """The pass and its inputs for ``shape``: scratch rows, no new frames."""
+        kind, b, t = shape
+        q = self.model.config.num_quantizers
+        if kind == "step":
+            _, codes, slots, n_new = packed_inputs(b, t, self.pool.scratch_slot, self.device, q=q)
+            return self.pool.run, (codes, slots, n_new)
+        slots = torch.full((b,), self.pool.scratch_slot, dtype=torch.long, device=self.device)
+        n_new = torch.zeros(b, dtype=torch.long, device=self.device)
+        return getattr(self.pool, kind), (self._prefill_input(kind, b, t), slots, n_new)
+
+    def _prefill_input(self, kind: str, b: int, t: int) -> Tensor:
+        q = self.model.config.num_quantizers
+        x = torch.zeros(b, q, t, dtype=torch.long, device=self.device)
+        return x if kind == "front" else self.model.front(x).zero_()  # hidden frames, laid out as the front's output is
+
+    def _capture_step(self, stream: torch.cuda.Stream, b: int, t: int) -> None:
+        packed, codes, slots, n_new = packed_inputs(b, t, self.pool.scratch_slot, self.device, q=self.model.config.num_quantizers)
+        g = self._capture(stream, self.pool.run, codes, slots, n_new)
+        g.packed = packed
+        self.graphs[(b, t)] = g
+
+    def _capture_prefill(self, stream: torch.cuda.Stream, kind: str, b: int, t: int) -> None:
+        self.prefill_graphs[(kind, b, t)] = self._capture(stream, getattr(self.pool, kind), self._prefill_input(kind, b, t))
+
     def _capture(self, stream: torch.cuda.Stream, fn, x: Tensor, slots: Tensor | None = None, n_new: Tensor | None = None) -> _Graph:
         """A graph of ``fn(model, x, slots, n_new)`` on scratch rows with no new frames (so the
-        warm-up and capture runs change no stream's state)."""
+        warm-up and capture runs change no stream's state). ``thread_local``: a warming thread's
+        allocations beside a capture do not end it (they are on another stream)."""
         b = x.shape[0]
         if slots is None:
             slots = torch.full((b,), self.pool.scratch_slot, dtype=torch.long, device=self.device)
@@ -133,7 +198,7 @@ class GraphRunner(EagerRunner):
                 fn(self.model, x, slots, n_new)
         stream.synchronize()
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self.mempool, stream=stream):
+        with torch.cuda.graph(g, pool=self.mempool, stream=stream, capture_error_mode="thread_local"):
             out = fn(self.model, x, slots, n_new)
         return _Graph(g, (x, slots, n_new), out)
 
@@ -142,7 +207,10 @@ class GraphRunner(EagerRunner):
         The engine stages a group's inputs at this shape, so they go up as they are."""
         key = (batch, frames)
         if key not in self._shapes:
-            self._shapes[key] = pick_bucket(list(self.graphs), batch, frames)
+            # The planned bucket, where its graph is in (a start that serves meanwhile, see
+            # engine/warmup.py): until then eager, never padded to another captured graph.
+            shape = pick_bucket(self.buckets, batch, frames)
+            self._shapes[key] = shape if shape in self.graphs else None
         return self._shapes[key]
 
     def __call__(self, codes: Tensor, slots: Tensor, n_new: Tensor) -> Tensor:
@@ -150,7 +218,7 @@ class GraphRunner(EagerRunner):
         shape = self.padded_shape(B, T)
         reason = None
         if shape is None:
-            reason = "no bucket" if self.graphs else "not captured"
+            reason = "not captured" if pick_bucket(self.buckets, B, T) else "no bucket"
         elif torch.cuda.is_current_stream_capturing():
             reason = "stream capture active"
         if reason is not None:  # eager, counted
@@ -200,12 +268,13 @@ class GraphRunner(EagerRunner):
 
     @property
     def max_frames(self) -> int | None:
-        """The largest captured frames bucket: the engine cuts longer chunks into pieces of this."""
-        return max((t for _, t in self.graphs), default=None)
+        """The largest planned frames bucket: the engine cuts longer chunks into pieces of this
+        (planned, not captured: a warming start schedules as it will once every graph is in)."""
+        return max((t for _, t in self.buckets), default=None)
 
     def max_rows(self, frames: int) -> int | None:
-        """Most rows a captured graph holds at ``frames`` frames (None: no bucket fits)."""
-        rows = [b for b, t in self.graphs if t >= frames]
+        """Most rows a planned graph holds at ``frames`` frames (None: no bucket fits)."""
+        rows = [b for b, t in self.buckets if t >= frames]
         return max(rows) if rows else None
 
     def stats(self) -> dict[str, object] | None:

@@ -135,6 +135,9 @@ class Service:
         """``GET /health``'s status and body: 200 while ok; the stop error's status and body (with
         ``status`` ``draining`` or ``failed``) otherwise."""
         figures = {"active_streams": self.active_streams, "max_streams": self.max_streams, "sample_rate": self.sample_rate}
+        warmup = self._engine.warmup
+        if warmup is not None:  # graphs captured while serving: "warming" (steps partly eager), then "ready"
+            figures["graphs"] = warmup.status()
         if self._stop is None:
             return 200, {"status": "ok", **figures}
         return HTTP_STATUS[self._stop.code], {**error_body(self._stop.code, self._stop.message), "status": self.state, **figures}
