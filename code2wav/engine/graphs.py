@@ -140,8 +140,8 @@ class GraphRunner(EagerRunner):
         what costs (kernels loaded or compiled, cuDNN's plans), not its capture. Off the scratch
         slot with no new frames, so it changes no stream's state; safe beside eager steps on
         another thread (it captures nothing)."""
-        fn, args = self._shape_inputs(shape)
         with torch.cuda.stream(stream):
+            fn, args = self._shape_inputs(shape)
             for _ in range(2):
                 fn(self.model, *args)
         stream.synchronize()
