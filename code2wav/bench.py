@@ -42,6 +42,7 @@ from code2wav.options import (
     parse_device,
     parse_floats,
     parse_ints,
+    parse_prefixes,
     positive_int,
     server_url,
 )
@@ -76,10 +77,8 @@ async def _workload(core: Lifecycle, concurrency: int, frames: int, schedule: li
     as soon as its frames exist, whatever the audio; a listener plays from the first audio on.
     A slow talker makes it wait by itself, so per stream we keep the waiting the decoder adds:
     playback stalls with the real arrivals minus those had every chunk's audio come back the
-    moment it was pushed (the first packet's latency is TTFP, not a stall).
-
-    ``voices > 0``: every prefix is one of that many reference voices (stream k takes voice
-    k mod voices, the same voices at every level), as voice-clone traffic repeats its references."""
+    moment it was pushed (the first packet's latency is TTFP, not a stall). ``voices > 0``: each
+    prefix is one of that many references (stream k takes voice k mod voices), as clones repeat."""
     q, size = core.cfg.num_quantizers, core.cfg.codebook_size
     bank = np.random.default_rng(7).integers(0, size, (voices, prefix, q)) if voices and prefix else None
     opened_streams = iter(range(1 << 62))
@@ -251,11 +250,10 @@ def run(
                 if cuda:
                     torch.cuda.synchronize()
                     torch.cuda.reset_peak_memory_stats()
-                cache0 = core.prefix_cache_stats()
+                c0 = core.prefix_cache_stats() or {"hits": 0, "misses": 0}
                 m = asyncio.run(_workload(core, c, frames, schedule, prefix_frames, stagger_s, seed=c, seconds=seconds, pace=pace, voices=voices))
-                cache1 = core.prefix_cache_stats()
-                looked_up = cache1["hits"] + cache1["misses"] - cache0["hits"] - cache0["misses"] if cache1 else 0
-                hit_pct = 100 * (cache1["hits"] - cache0["hits"]) / looked_up if looked_up else float("nan")
+                c1 = core.prefix_cache_stats() or c0
+                hits, looked_up = c1["hits"] - c0["hits"], c1["hits"] + c1["misses"] - c0["hits"] - c0["misses"]
                 g = core.runner_stats() or {}
                 audio_s = m.samples / core.cfg.sample_rate
                 results.append(
@@ -282,7 +280,7 @@ def run(
                         graph_fallbacks=sum(g.get("fallbacks", {}).values()),
                         sustained_s=seconds,
                         pace=pace,
-                        prefix_hit_pct=hit_pct,
+                        prefix_hit_pct=100 * hits / looked_up if looked_up else float("nan"),
                         stalled_pct=100 * float(np.mean(np.asarray(m.stalls) > 1e-3)) if m.stalls else float("nan"),
                         stall_p99_ms=_pct(m.stalls, 99),
                         padding_pct=_padding_pct(m.work),
@@ -308,8 +306,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frames", type=positive_int, default=101, help="frames per stream (after the prefix)")
     p.add_argument("--chunks", default="1,25", help="chunk schedule, the last size repeating")
     p.add_argument("--prefix", default="0", help="reference prefix frames; comma list runs each")
-    p.add_argument("--voices", type=non_negative_int, default=0,
-                   help="prefixes drawn from this many reference voices, as voice-clone traffic repeats them (0: each stream its own)")
+    p.add_argument("--voices", type=non_negative_int, default=0, help="prefixes drawn from this many reference voices (0: each stream its own)")
     p.add_argument("--stagger-ms", type=non_negative_float, default=2.0)
     p.add_argument("--pace", type=non_negative_float, default=0.0,
                    help="talkers generating at this x real time push each chunk when its frames exist, and listeners play from the "
@@ -343,16 +340,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=EnvDefault("CODE2WAV_API_KEY"), help="bearer token for --server (default: $CODE2WAV_API_KEY)")
 
 
-def _prefixes(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        values = ()
-    if not values or min(values) < 0:
-        raise CliError(f"bad --prefix {text!r}: expected comma-separated frame counts >= 0, e.g. 0,72")
-    return values
-
-
 def _modes(text: str, device: torch.device) -> list[str]:
     """The modes to run; ``exact-graph`` (CUDA graphs) on a CPU is skipped with a note, or refused
     when it is all that was asked for."""
@@ -375,14 +362,14 @@ def main(args: argparse.Namespace) -> int:
     if args.server:
         from code2wav.loadtest import service_bench
 
-        return service_bench(args, _prefixes(args.prefix))
+        return service_bench(args, parse_prefixes(args.prefix))
 
     device = parse_device(args.device)
     args.max_batch_frames = args.max_batch_frames or default_batch_frames()
     base = engine_config(args, device, [f"channels_last={args.channels_last}", f"layers.convt_gemm={args.convt == 'gemm'}"])
     levels = parse_ints(args.levels, "--levels", "1,16,64")
     chunks = parse_ints(args.chunks, "--chunks")
-    prefixes = _prefixes(args.prefix)
+    prefixes = parse_prefixes(args.prefix)
     waits = (None,) if args.first_chunk_wait_ms is None else tuple(ms / 1e3 for ms in parse_floats(args.first_chunk_wait_ms, "--first-chunk-wait-ms"))
     modes = _modes(args.modes, device)
     out = out_dir(args.out, "--out")

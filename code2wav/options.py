@@ -255,3 +255,14 @@ def _parse(hint: Any, text: str, item: str) -> Any:
         except ValueError:
             raise CliError(f"bad --set {item!r}: expected a number") from None
     return text
+
+
+def parse_prefixes(text: str) -> tuple[int, ...]:
+    """``--prefix``: comma-separated reference prefix lengths in frames, each >= 0."""
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or min(values) < 0:
+        raise CliError(f"bad --prefix {text!r}: expected comma-separated frame counts >= 0, e.g. 0,72")
+    return values
