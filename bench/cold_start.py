@@ -8,6 +8,7 @@ prefill graph captured one at a time, each timed), sorted, so the costly phase i
 subprocess; stamps (from the spawn) when ``/health`` first answers, when it says ready, and when
 the first audio of a one-frame WebSocket stream opened as soon as the server accepts comes back.
 Run it twice on one machine: the second start finds the Triton and weight caches warm.
+``COLD_START_UNTIL="first audio"`` stops there instead of at ready.
 ``serve --then CMD [serve options ...]``: once ready, runs the shell command CMD against the
 same server (the load runs) before stopping it.
 """
@@ -104,7 +105,8 @@ def serve(args: list[str], then: str | None) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "code2wav", "serve", "--log-level", "warning", *args], env=os.environ)
     stamps: dict[str, float] = {}
     try:
-        while proc.poll() is None and "ready" not in stamps:
+        until = os.environ.get("COLD_START_UNTIL", "ready")  # or "first audio"
+        while proc.poll() is None and until not in stamps:
             try:
                 r = httpx.get(url + "/health", timeout=1)
                 stamps.setdefault("health answers", time.perf_counter() - t0)

@@ -193,6 +193,9 @@ class GraphRunner(EagerRunner):
         if slots is None:
             slots = torch.full((b,), self.pool.scratch_slot, dtype=torch.long, device=self.device)
             n_new = torch.zeros(b, dtype=torch.long, device=self.device)
+        # The inputs were made on the current stream, and torch's streams do not wait for it by
+        # themselves: on a busy worker, its fill may still be queued behind steps.
+        stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up: kernels compiled, cuDNN tuned, allocator primed
                 fn(self.model, x, slots, n_new)
