@@ -57,7 +57,7 @@ class Request:
         meta: dict[str, object] = {"modality": "audio_codes", "stream": True, "num_quantizers": int(codes.shape[-1])}
         if i == 0:
             meta["ref_code_len"] = int(self.ref.shape[0])
-            codes = torch.cat([self.ref, codes])
+            codes = torch.cat([self.ref, codes]) if self.ref.shape[0] else codes
         return IncomingMessage(self.rid, "stream_chunk", StreamItem(chunk_id=i, data=codes, from_stage="tts_engine", metadata=meta))
 
     def payload(self) -> IncomingMessage:
@@ -136,7 +136,9 @@ def run(scheduler, requests: list[Request], payload_first: set[str] = frozenset(
         while any(r.sent < len(r.sizes) for r in requests):
             msgs = []
             for r in requests:
-                if r.start > step or r.sent >= len(r.sizes) or d.errors(r.rid):
+                if d.errors(r.rid):
+                    r.sent = len(r.sizes)  # the runtime fails the request: the talker sends no more
+                if r.start > step or r.sent >= len(r.sizes):
                     continue
                 msgs.append(r.chunk(r.sent))
                 r.sent += 1
