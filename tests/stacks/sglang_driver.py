@@ -29,6 +29,7 @@ from sglang_omni.proto import OmniRequest, StagePayload  # noqa: E402
 from sglang_omni.scheduling.message import IncomingMessage, OutgoingMessage, put_messages  # noqa: E402
 
 BARRIER = "__barrier-"
+BARRIERS = itertools.count()  # one id each, process-wide: the scheduler remembers the ids it answered
 
 
 def _not_a_barrier(record: logging.LogRecord) -> bool:
@@ -84,7 +85,6 @@ class StageDriver:
         self.s = scheduler
         self.timeout = timeout
         self.out: dict[str, list[OutgoingMessage]] = {}
-        self.barriers = itertools.count()
         self.thread = threading.Thread(target=scheduler.start, name="scheduler-vocoder", daemon=True)
         self.thread.start()
 
@@ -95,7 +95,7 @@ class StageDriver:
         self.settle()
 
     def settle(self) -> None:
-        mark = f"{BARRIER}{next(self.barriers)}"
+        mark = f"{BARRIER}{next(BARRIERS)}"
         self.s.inbox.put(IncomingMessage(mark, "wakeup"))
         while True:
             try:
