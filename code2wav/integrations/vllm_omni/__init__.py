@@ -1,4 +1,4 @@
-"""code2wav's Code2Wav stage for vLLM-Omni (docs/integrations-vllm-omni.md).
+"""code2wav's Code2Wav stage for vLLM-Omni (docs/integrations.md).
 
 A deploy config selects it for the Qwen3-TTS code2wav stage with one line,
 ``model_arch: Code2WavQwen3TTSCode2Wav``. The class lives in :mod:`.stage`; this module holds
