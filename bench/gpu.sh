@@ -12,6 +12,10 @@
 #                                 1, 4 x 16 and 4 x 64 WebSocket streams from 4 client processes,
 #                                 prefix 0 and 200; then the same workload in-process
 #   bash bench/gpu.sh startup     where a start's time goes, phase by phase and graph by graph
+#   bash bench/gpu.sh warm        graphs captured while serving: streams decoded meanwhile and after vs eager
+#   bash bench/gpu.sh integrations  vLLM-Omni's and SGLang-Omni's own stages vs code2wav's, at the
+#                                 stage interface (carry .whl with their wheels, qwen-tts-compat, msgspec,
+#                                 msgpack, pyzmq)
 #   bash bench/gpu.sh capacity    256 / 1024 / 2048 talkers at 2x real time: the stalls the decoder adds
 #   bash bench/gpu.sh offline     whole-utterance decodes, ours vs the official decoder
 #   bash bench/gpu.sh ab FIELD=VALUE [...]   A/B of engine knobs (EngineConfig fields, dotted for
@@ -69,11 +73,18 @@ fullload)
   loads='for spec in "1 1" "4 16" "4 64"; do for pfx in 0 200; do echo "=== service: procs x streams $spec, prefix $pfx";
     python3 bench/service_load.py http://127.0.0.1:8091 $spec 8 --prefix $pfx | tee -a '"$OUT"'/service_load.jsonl | cut -c1-240; done; done'
   timeout 330 python3 bench/cold_start.py serve --then "$loads" --device cuda --dtype bfloat16 --max-streams 256 2>&1 | tee "$OUT/fullload.txt"
-  sustained inprocess --levels 1,64,256 --prefix 0,200 --seconds 4
-  echo "=== summary ==="; grep -v "^{" "$OUT/fullload.txt" | head -8; grep -A8 "^mode" "$OUT/inprocess.txt"
+  [ -n "${INPROCESS:-1}" ] && sustained inprocess --levels 1,64,256 --prefix 0,200 --seconds 4
+  echo "=== summary ==="; grep -v "^{" "$OUT/fullload.txt" | head -8; grep -A8 "^mode" "$OUT/inprocess.txt" 2>/dev/null
   ;;
 startup)
   timeout 300 python3 bench/cold_start.py phases bfloat16 2>&1 | tee "$OUT/startup.txt"
+  ;;
+warm)
+  timeout 150 python3 bench/warm_check.py float32 8 2>&1 | tee "$OUT/warm_check.txt"
+  ;;
+integrations)
+  timeout 280 python3 bench/integration_vllm.py --out "$OUT/integration_vllm.json" 2>&1 | tee "$OUT/integration_vllm.txt"
+  timeout 280 python3 bench/integration_sglang.py --out "$OUT/integration_sglang.json" 2>&1 | tee "$OUT/integration_sglang.txt"
   ;;
 capacity)
   timeout 300 python3 -m code2wav.bench --modes exact-graph --levels 256,1024,2048 --pace 2 --seconds 12 --stagger-ms 1 --out "$OUT/capacity" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/capacity.txt"
