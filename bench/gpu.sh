@@ -33,10 +33,12 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,n
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
 
 get() { python3 -c "import sys, httpx; r = httpx.get('http://127.0.0.1:8091' + sys.argv[1]); r.raise_for_status(); print(r.text)" "$1"; }
+ready() { get /health 2>/dev/null | python3 -c 'import json, sys; sys.exit(json.load(sys.stdin).get("graphs", {}).get("state", "ready") != "ready")'; }
 start_server() {  # bf16, graphs, 64 streams, the defaults otherwise
   python3 -m code2wav serve --device cuda --dtype bfloat16 --max-streams 64 --log-level warning >"$OUT/serve.log" 2>&1 &
   SERVER=$!
-  for _ in $(seq 300); do get /health >/dev/null 2>&1 && break; sleep 1; done
+  # until it answers with every graph in (it serves while they are captured: /health's graphs)
+  for _ in $(seq 300); do ready && break; sleep 1; done
 }
 service_bench() { timeout 60 python3 -m code2wav bench --server http://127.0.0.1:8091 --levels 1,64 --frames 101 --out "$OUT/service" 2>&1 | tee "$OUT/service.txt"; }
 checks_summary() { grep -E "^(PASS|FAIL|SUMMARY|INFO)" "$OUT/gpu_check.txt"; }
