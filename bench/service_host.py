@@ -67,7 +67,7 @@ def serve(args: argparse.Namespace) -> int:
     core = build_core(args.max_streams, args.step_ms, args.max_batch_frames)
     limits = Limits(max_connections=4 * args.max_streams + 64)
     app = create_app(AsyncEngine(core, max_pending_chunks=16), limits=limits)
-    settings = uvicorn_settings(limits)
+    settings = uvicorn_settings(limits, ws=args.ws or "auto")
     if args.loop:
         settings["loop"] = args.loop
     print(f"simulated device, step {args.step_ms} ms (base, per row); serving on :{args.port}", file=sys.stderr, flush=True)
