@@ -67,18 +67,17 @@ def serve(args: argparse.Namespace) -> int:
     core = build_core(args.max_streams, args.step_ms, args.max_batch_frames)
     limits = Limits(max_connections=4 * args.max_streams + 64)
     app = create_app(AsyncEngine(core, max_pending_chunks=16), limits=limits)
-    settings = uvicorn_settings(limits, ws=args.ws or "auto")
-    if args.loop:
-        settings["loop"] = args.loop
+    settings = uvicorn_settings(limits, ws=args.ws) if args.ws else uvicorn_settings(limits)
+    loop = {"loop": args.loop} if args.loop else {}  # else serve's default (auto)
     print(f"simulated device, step {args.step_ms} ms (base, per row); serving on :{args.port}", file=sys.stderr, flush=True)
     if not args.profile:
-        return run(app, host="127.0.0.1", port=args.port, shutdown_timeout=2.0, ws_max_size=8 << 20, log_level="warning", transport=settings)
+        return run(app, host="127.0.0.1", port=args.port, shutdown_timeout=2.0, ws_max_size=8 << 20, log_level="warning", transport=settings, **loop)
     import cProfile
 
     prof = cProfile.Profile()  # the event loop's thread only (the worker's is not traced)
     try:
         return prof.runcall(run, app, host="127.0.0.1", port=args.port, shutdown_timeout=2.0, ws_max_size=8 << 20, log_level="warning",
-                            transport=settings)
+                            transport=settings, **loop)
     finally:
         prof.dump_stats(args.profile)
 
