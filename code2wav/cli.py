@@ -239,6 +239,8 @@ def _add_serve(sub) -> None:
                         "only while the device is saturated (default: SchedulePolicy.first_chunk_wait; 0: at once)")
     add_set(p)
     add_threads(p)
+    p.add_argument("--loop", default="auto", choices=("auto", "asyncio", "uvloop"),
+                   help="event loop: auto is uvloop where it is installed (the serve extra installs it), else asyncio's own")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(func=_run_serve)
 
@@ -268,6 +270,12 @@ def build_serve_engine(args: argparse.Namespace) -> AsyncEngine:
         raise CliError("--shutdown-timeout must be >= 0")
     if args.first_chunk_wait_ms is not None and args.first_chunk_wait_ms < 0:
         raise CliError("--first-chunk-wait-ms must be >= 0")
+    from code2wav.server.run import pick_loop
+
+    try:
+        pick_loop(args.loop)
+    except ValueError as e:
+        raise CliError(str(e)) from None
     device = parse_device(args.device)
     settings = ([] if args.first_chunk_wait_ms is None else [f"schedule.first_chunk_wait={args.first_chunk_wait_ms / 1e3}"])
     cfg = engine_config(args, device, settings + (["graphs=false"] if args.no_graphs else []))
@@ -289,7 +297,7 @@ def run_serve(args: argparse.Namespace, engine: AsyncEngine) -> int:
     (exit 0 after the drain) or an engine failure (exit ``EXIT_ENGINE_FAILED``)."""
     from code2wav.server.app import Limits, create_app
     from code2wav.server.connections import uvicorn_settings
-    from code2wav.server.run import serve
+    from code2wav.server.run import http_parser, pick_loop, serve
 
     model = engine.engine.model
     limits = Limits(
@@ -306,11 +314,11 @@ def run_serve(args: argparse.Namespace, engine: AsyncEngine) -> int:
     app = create_app(engine, api_key=args.api_key or None, limits=limits)
     print(f"{PROG}: serving on http://{args.host}:{args.port} ({args.max_streams} streams, {args.dtype} on {parse_device(args.device)}, "
           f"low-rate stages {str(model.low_rate_dtype).removeprefix('torch.')}"
-          f"{', auth on' if args.api_key else ''})", file=sys.stderr, flush=True)
+          f"{', auth on' if args.api_key else ''}; {pick_loop(args.loop)} loop, {http_parser()} HTTP parser)", file=sys.stderr, flush=True)
     # The transport drops messages far over the limit itself (close 1009, no JSON error).
     # The bounds on slow, idle and non-reading clients: server/connections.py.
     return serve(app, host=args.host, port=args.port, log_level=args.log_level, shutdown_timeout=args.shutdown_timeout,
-                 ws_max_size=4 * args.max_message_bytes + (64 << 10), transport=uvicorn_settings(limits))
+                 ws_max_size=4 * args.max_message_bytes + (64 << 10), transport=uvicorn_settings(limits), loop=args.loop)
 
 
 def _add_loadtest(sub) -> None:

@@ -173,6 +173,39 @@ def test_serve_refuses_bad_bounds(option, value, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def _without_uvloop(monkeypatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "uvloop" else real(name, *a))
+
+
+def test_loop_choice_falls_back_to_asyncio_without_uvloop(monkeypatch):
+    """``serve --loop``: auto is uvloop where it is installed and asyncio's loop where it is not;
+    asyncio is asyncio either way; uvloop asked for and missing is refused, not replaced."""
+    import importlib.util
+
+    from code2wav.server.run import pick_loop
+
+    have = importlib.util.find_spec("uvloop") is not None
+    assert pick_loop("auto") == ("uvloop" if have else "asyncio")
+    assert pick_loop("asyncio") == "asyncio"
+    _without_uvloop(monkeypatch)
+    assert pick_loop("auto") == "asyncio"
+    with pytest.raises(ValueError, match="uvloop is not installed"):
+        pick_loop("uvloop")
+    with pytest.raises(ValueError, match="unknown event loop"):
+        pick_loop("trio")
+
+
+def test_serve_refuses_uvloop_when_it_is_missing(monkeypatch, capsys):
+    from code2wav.cli import main
+
+    _without_uvloop(monkeypatch)
+    assert main(["serve", "--loop", "uvloop"]) == 2
+    assert "--loop uvloop: uvloop is not installed" in capsys.readouterr().err
+
+
 # -- WebSocket: --idle-timeout exact, --send-timeout ------------------------------------------------------
 
 

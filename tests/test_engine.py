@@ -930,3 +930,36 @@ def test_engine_never_exceeds_the_runners_buckets(m, codes):
     ref = forward_audio(m, codes[:23])
     for i in range(5):
         assert (out[f"s{i}"] - ref[3 * i * SPF : (3 * i + 11) * SPF]).abs().max() <= 1e-9
+
+
+def test_hand_over_wakes_the_loop_once_per_batch(m):
+    """The worker hands results to the loop in batches: results queued while the loop has not run
+    yet share one ``call_soon_threadsafe`` (one self-pipe write, one loop iteration), and settle in
+    the order they were handed over; a result handed over after that batch ran wakes it again."""
+    import threading
+
+    async def main():
+        core = StreamEngine(m, max_step_frames=8, max_batch_frames=8)
+        async with AsyncEngine(core) as eng:
+            loop = asyncio.get_running_loop()
+            wakes: list[object] = []
+            real = loop.call_soon_threadsafe
+            loop.call_soon_threadsafe = lambda cb, *a, **k: (wakes.append(cb), real(cb, *a, **k))[1]  # type: ignore[method-assign]
+            futs = [loop.create_future() for _ in range(5)]
+            settled: list[int] = []
+            for i, f in enumerate(futs):
+                f.add_done_callback(lambda f, i=i: settled.append(i))
+            t = threading.Thread(target=lambda: [eng._hand_over(f, i) for i, f in enumerate(futs[:4])])
+            t.start()
+            t.join()  # the loop is blocked meanwhile: all four wait for one wake-up
+            assert await asyncio.gather(*futs[:4]) == [0, 1, 2, 3]
+            t = threading.Thread(target=lambda: eng._hand_over(futs[4], ValueError("row failed")))
+            t.start()
+            t.join()
+            with pytest.raises(ValueError):
+                await futs[4]
+            del loop.call_soon_threadsafe
+            return len(wakes), settled
+
+    n, settled = asyncio.run(main())
+    assert n == 2 and settled == [0, 1, 2, 3, 4]

@@ -342,6 +342,16 @@ def test_idle_timeout(limited):
         wait_slots_free(c)
 
 
+def test_idle_timeout_before_open(limited):
+    """A connection that never sends ``open`` is bounded by the idle timeout too."""
+    from websockets.sync.client import connect
+
+    url = limited.url.replace("http://", "ws://") + "/v1/stream"
+    with connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}, compression=None) as ws:
+        err = json.loads(ws.recv(timeout=30))
+        assert (err["type"], err["code"]) == ("error", "idle_timeout"), err
+
+
 # -- disconnects and load --------------------------------------------------------------------------------
 
 

@@ -252,3 +252,25 @@ def test_sigterm_ends_a_decode_that_outlasts_the_shutdown_timeout_and_exits_0(se
     r = answer["r"]
     assert r.status_code == 503 and r.json()["code"] == "shutdown" and r.headers["retry-after"] == "1"
     assert exit_code(s) == 0
+
+
+def test_stop_hooks_run_once_on_drain_and_at_once_after_it():
+    """``Service.on_stop``: a hook runs once, on the drain, with its error; one taken back does
+    not run; one added after the drain runs at once (a session that connects while the service
+    drains ends at once, as one waiting on ``stopping()`` did)."""
+    from code2wav.server.service import Service
+
+    async def main():
+        core = StreamEngine(model(SMALL, torch.float32), max_streams=1)
+        service = Service(AsyncEngine(core))
+        seen: list[tuple[str, str]] = []
+        service.on_stop(lambda e: seen.append(("a", e.code)))
+        take_back = service.on_stop(lambda e: seen.append(("b", e.code)))
+        take_back()
+        service.begin_drain()
+        service.begin_drain()  # a second signal: the hooks do not run again
+        service.on_stop(lambda e: seen.append(("c", e.code)))
+        assert (await service.stopping()).code == "shutdown"
+        return seen
+
+    assert asyncio.run(main()) == [("a", "shutdown"), ("c", "shutdown")]

@@ -201,7 +201,8 @@ class AsyncStream(_StreamProtocol):
         from websockets.exceptions import ConnectionClosed
 
         try:
-            msg = await asyncio.wait_for(self.ws.recv(), timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: no task per message
+                msg = await self.ws.recv()
         except ConnectionClosed as e:
             raise _closed_error(e) from None
         if isinstance(msg, bytes):
@@ -209,7 +210,8 @@ class AsyncStream(_StreamProtocol):
         err = _error_from_text(msg)
         if err is not None:
             try:
-                await asyncio.wait_for(self.ws.recv(), 5)
+                async with asyncio.timeout(5):
+                    await self.ws.recv()
             except ConnectionClosed as e:
                 err.close_code = e.rcvd.code if e.rcvd else None
             except TimeoutError:

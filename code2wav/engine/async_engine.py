@@ -10,10 +10,11 @@ per-stream order. Queues are bounded: a stream with too many chunks queued is re
 buffered without limit. Opening, finishing and aborting a stream are host bookkeeping and run on
 the event loop, never queued behind a step.
 
-A push wakes the worker directly (a thread event), not through a scheduler task and an executor:
+A push wakes the worker directly (a thread event, set only when it is not set already), not through a scheduler task and an executor:
 on an idle engine that hand-off is on the first packet's path, once into the worker and once
 back to the loop, and each extra loop iteration or executor round trip there adds tens of
-microseconds to it.
+microseconds to it. The way back is batched: the worker queues each row's result and wakes the
+loop once for everything queued until the loop runs (under load, a step's rows land together).
 
 A push may carry an ``encode`` function (e.g. audio -> PCM bytes). It runs on the worker as soon
 as the row's audio is ready, so per-chunk conversion stays off the event loop, which is the
@@ -97,6 +98,9 @@ class AsyncEngine:
         # (engine/warmup.py). ``warmup``: started and stopped with the engine.
         self.between_steps: list[Callable[[], None]] = []
         self.warmup: Any = None
+        self._out: list[tuple[asyncio.Future, Any]] = []  # results handed over by the worker, not yet settled on the loop
+        self._out_lock = threading.Lock()
+        self._out_posted = False  # a _resolve_all is scheduled on the loop
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -167,7 +171,8 @@ class AsyncEngine:
             raise StreamError("not_started", "the engine is not running (use `async with AsyncEngine(...)` or start())")
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         q.append((frames, fut, encode))
-        self._wake.set()
+        if not self._wake.is_set():  # set already: the worker clears it before it takes, so it sees this chunk
+            self._wake.set()
         return fut
 
     async def finish(self, request_id: str, frames: object = None) -> Tensor:
@@ -302,8 +307,7 @@ class AsyncEngine:
     def _steps(self) -> None:
         """The worker loop: sleeps until a push (or a freed slot) wakes it, then runs one
         continuous decode over every stream with a chunk pending, until none is left."""
-        loop = self._loop
-        assert loop is not None
+        assert self._loop is not None
         spf = self.engine.cfg.samples_per_frame
         while True:
             self._wake.wait()
@@ -341,7 +345,7 @@ class AsyncEngine:
                             res = encode(res)
                         except Exception as e:  # fails this row alone
                             res = e
-                loop.call_soon_threadsafe(self._resolve, fut, res)
+                self._hand_over(fut, res)
 
             def more(in_flight=in_flight, futures=futures, encoders=encoders) -> dict[str, object]:
                 self._between()
@@ -351,9 +355,31 @@ class AsyncEngine:
                 self.engine.decode(batch, on_ready, more)
             except Exception as e:  # a device failure fails the rows still held, not the worker
                 for fut in list(futures.values()):
-                    loop.call_soon_threadsafe(self._resolve, fut, e)
+                    self._hand_over(fut, e)
             if any(self._pending.values()):  # e.g. chunks of a stream whose row was in flight
                 self._wake.set()
+
+    def _hand_over(self, fut: asyncio.Future, res: Any) -> None:
+        """On the worker: queue a chunk's result for the loop. One loop wake-up carries every
+        result queued until the loop runs it (a step's rows land together), instead of one
+        ``call_soon_threadsafe`` (a self-pipe write, a loop iteration) per row."""
+        with self._out_lock:
+            self._out.append((fut, res))
+            if self._out_posted:
+                return
+            self._out_posted = True
+        try:
+            self._loop.call_soon_threadsafe(self._resolve_all)  # type: ignore[union-attr]
+        except RuntimeError:  # the loop is closed: nobody is left to tell
+            pass
+
+    def _resolve_all(self) -> None:
+        """On the loop: settle every result handed over since the last call."""
+        with self._out_lock:
+            out, self._out = self._out, []
+            self._out_posted = False
+        for fut, res in out:
+            self._resolve(fut, res)
 
     def _resolve(self, fut: asyncio.Future, res: Any) -> None:
         """Settle a chunk's future once (a cancelled or already settled one is left alone)."""

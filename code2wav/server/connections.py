@@ -139,8 +139,29 @@ def _timeout_response(seconds: float | None) -> bytes:
     return head.encode() + body
 
 
-def uvicorn_settings(limits: Limits) -> dict[str, Any]:
-    """``uvicorn.run`` keyword arguments for ``limits``' transport bounds."""
+def ws_protocol(name: str = "auto") -> type | None:
+    """uvicorn's WebSocket protocol class called ``name`` (its ``--ws`` names: ``auto``,
+    ``websockets-sansio``, ``websockets``, ``wsproto``); None for ``auto`` without a library."""
+    if name == "auto":
+        return AutoWebSocketsProtocol  # type: ignore[return-value]
+    if name == "websockets-sansio":
+        from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+        return WebSocketsSansIOProtocol
+    if name == "websockets":
+        from uvicorn.protocols.websockets.websockets_impl import WebSocketProtocol
+
+        return WebSocketProtocol
+    if name == "wsproto":
+        from uvicorn.protocols.websockets.wsproto_impl import WSProtocol
+
+        return WSProtocol
+    raise ValueError(f"unknown WebSocket implementation {name!r}")
+
+
+def uvicorn_settings(limits: Limits, ws: str = "auto") -> dict[str, Any]:
+    """``uvicorn.run`` keyword arguments for ``limits``' transport bounds; ``ws``: the WebSocket
+    implementation (``ws_protocol``)."""
     http = type("BoundedHTTPProtocol", (_ReadDeadline, _SendDeadline, AutoHTTPProtocol),
                 {"read_timeout": limits.read_timeout, "send_timeout": limits.send_timeout})
     settings: dict[str, Any] = {
@@ -150,6 +171,7 @@ def uvicorn_settings(limits: Limits) -> dict[str, Any]:
         "ws_ping_interval": limits.ws_ping_interval,
         "ws_ping_timeout": limits.ws_ping_timeout,
     }
-    if AutoWebSocketsProtocol is not None:  # None: no WebSocket library installed (uvicorn then refuses upgrades)
-        settings["ws"] = type("BoundedWebSocketProtocol", (_SendDeadline, AutoWebSocketsProtocol), {"send_timeout": limits.send_timeout})
+    proto = ws_protocol(ws)
+    if proto is not None:  # None: no WebSocket library installed (uvicorn then refuses upgrades)
+        settings["ws"] = type("BoundedWebSocketProtocol", (_SendDeadline, proto), {"send_timeout": limits.send_timeout})
     return settings

@@ -32,6 +32,7 @@ class _Metrics:
         self.errors = Counter("code2wav_errors", "Errors returned to clients, by code", ["code"], registry=self.registry)
         self.connections = Gauge("code2wav_websocket_connections", "Open WebSocket connections", registry=self.registry)
         self.requests = Counter("code2wav_requests", "Requests by endpoint", ["endpoint"], registry=self.registry)
+        self.stream_requests = self.requests.labels("stream")  # bound once: a label lookup (a lock, a dict) per connection is not free
         self.http_in_progress = Gauge("code2wav_http_requests_in_progress", "POST /v1/decode requests in progress (body, parse or decode)",
                                       registry=self.registry)
         service.on_step(lambda seconds, rows, frames: self.step_seconds.observe(seconds))

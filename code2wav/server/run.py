@@ -17,6 +17,7 @@ supervisor restarts it.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 from types import FrameType
 from typing import Any
 
@@ -73,17 +74,40 @@ class _Server(uvicorn.Server):
         self.should_exit = True
 
 
+LOOPS = ("auto", "asyncio", "uvloop")  # serve --loop
+
+
+def pick_loop(name: str = "auto") -> str:
+    """The event loop ``serve --loop NAME`` runs: ``auto`` is uvloop where it is installed (the
+    serve extra installs it; its C loop and transports cost the loop thread less per message),
+    else asyncio's own; ``uvloop`` without it installed is a ``ValueError``."""
+    if name not in LOOPS:
+        raise ValueError(f"unknown event loop {name!r}: expected one of {', '.join(LOOPS)}")
+    if name == "asyncio":
+        return name
+    have = importlib.util.find_spec("uvloop") is not None
+    if name == "uvloop" and not have:
+        raise ValueError("--loop uvloop: uvloop is not installed (pip install 'code2wav[serve]', or --loop asyncio)")
+    return "uvloop" if have else "asyncio"
+
+
+def http_parser() -> str:
+    """The HTTP parser uvicorn picks by itself: httptools where it is installed, else h11."""
+    return "httptools" if importlib.util.find_spec("httptools") is not None else "h11"
+
+
 def serve(app: FastAPI, host: str, port: int, shutdown_timeout: float, ws_max_size: int, log_level: str = "info",
-          transport: dict[str, Any] | None = None) -> int:
+          transport: dict[str, Any] | None = None, loop: str = "auto") -> int:
     """Serve ``app`` (from ``create_app``) until a signal (drained: 0) or an engine failure
     (``EXIT_ENGINE_FAILED``); returns the process's exit status. ``shutdown_timeout``: seconds
     requests in flight may go on after the signal (``serve --shutdown-timeout``); ``ws_max_size``:
     the largest WebSocket message the transport takes (larger ones close it with 1009);
-    ``transport``: uvicorn's protocol classes and connection bounds (``connections.uvicorn_settings``)."""
+    ``transport``: uvicorn's protocol classes and connection bounds (``connections.uvicorn_settings``);
+    ``loop``: the event loop (``pick_loop``)."""
     # No permessage-deflate: PCM barely compresses, and zlib on the event loop caps the
     # service's audio rate far below what the GPU steps make (BENCHMARKS.md, the service).
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, ws_max_size=ws_max_size, ws_per_message_deflate=False,
-                            timeout_graceful_shutdown=CLOSE_GRACE_S, **(transport or {}))
+                            timeout_graceful_shutdown=CLOSE_GRACE_S, loop=pick_loop(loop), **(transport or {}))
     server = _Server(config, app.state.service, shutdown_timeout)
     server.run()
     return server.exit_code if server.started else STARTUP_FAILURE

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -42,6 +43,7 @@ class Service:
         self._idle = asyncio.Event()  # set while _in_flight == 0
         self._idle.set()
         self._fatal: list[Callable[[ServiceError], None]] = []
+        self._stop_hooks: set[Callable[[ServiceError], None]] = set()  # see on_stop
         engine.on_failure.append(self._engine_failed)
 
     @property
@@ -80,19 +82,37 @@ class Service:
         """Refuse new work with ``shutdown`` from now on (requests in flight go on)."""
         if self._stop is None:
             self._stop = ServiceError("shutdown", "the server is shutting down; retry later")
-        self._stopping.set()
+        self._set_stopping()
 
     def _engine_failed(self, err: EngineFailed) -> None:
         self._stop = ServiceError("engine_failed", f"{err}; the server exits (to be restarted)")
         self._closed = True
-        self._stopping.set()
+        self._set_stopping()
         for hook in list(self._fatal):
             hook(self._stop)
+
+    def _set_stopping(self) -> None:
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        hooks, self._stop_hooks = self._stop_hooks, set()
+        for hook in hooks:
+            hook(self._stop)  # type: ignore[arg-type]
 
     async def stopping(self) -> ServiceError:
         """Wait until the service drains or fails; returns the error that ends open streams."""
         await self._stopping.wait()
         return self._stop  # type: ignore[return-value]
+
+    def on_stop(self, hook: Callable[[ServiceError], None]) -> Callable[[], None]:
+        """Call ``hook(error)`` on the event loop once, when the service drains or fails (at once
+        if it has already); returns the function that takes the hook back. What a WebSocket
+        session uses instead of a task waiting on :meth:`stopping` per connection."""
+        if self._stopping.is_set():
+            hook(self._stop)  # type: ignore[arg-type]
+            return _nothing
+        self._stop_hooks.add(hook)
+        return functools.partial(self._stop_hooks.discard, hook)
 
     @contextlib.contextmanager
     def request(self) -> Iterator[None]:
@@ -212,3 +232,7 @@ class Service:
     def on_step(self, hook: StepHook) -> None:
         """Call ``hook`` on the engine's worker after every step."""
         self._engine.on_step.append(hook)
+
+
+def _nothing() -> None:
+    pass

@@ -29,7 +29,7 @@ def stream_endpoint(service: Service, limits: Limits, metrics: _Metrics, authori
     async def ws_stream(ws: WebSocket):
         await ws.accept()
         metrics.connections.inc()
-        metrics.requests.labels("stream").inc()
+        metrics.stream_requests.inc()
         try:
             await _until_stopped(_WsSession(ws, service, limits, metrics, authorized), service)
         finally:
@@ -41,20 +41,26 @@ def stream_endpoint(service: Service, limits: Limits, metrics: _Metrics, authori
 async def _until_stopped(session: _WsSession, service: Service) -> None:
     """Run ``session``; if the service drains or fails first, end it with that error (its slot
     is freed by the session's own cleanup). A session already ending (its error or its ``done``
-    on the way) ends by itself."""
-    run = asyncio.ensure_future(session.run())
-    stop = asyncio.ensure_future(service.stopping())
+    on the way) ends by itself. The session runs in this task: a drain cancels it (a hook, not a
+    second task per connection waiting for the drain)."""
+    task = asyncio.current_task()
+    assert task is not None
+    stopped: list[ServiceError] = []
+
+    def stop(err: ServiceError) -> None:  # on the loop, once
+        if not (session.ending or session.finished):
+            stopped.append(err)
+            task.cancel()
+
+    take_back = service.on_stop(stop)
     try:
-        await asyncio.wait({run, stop}, return_when=asyncio.FIRST_COMPLETED)
-        if run.done() or session.ending or session.finished:
-            await run
-        else:
-            run.cancel()
-            await asyncio.wait({run})
-            await session._fail(stop.result())
+        await session.run()
+    except asyncio.CancelledError:
+        if not stopped or task.uncancel() > 0:  # cancelled from outside (the server's own shutdown) too
+            raise
+        await session._fail(stopped[0])
     finally:
-        stop.cancel()
-        run.cancel()
+        take_back()
 
 
 class _WsSession:
@@ -83,11 +89,16 @@ class _WsSession:
         self.in_flight: set[asyncio.Future] = set()
         self.last_activity = time.monotonic()
         self.t_open = self.t_opened = self.t_first_in = self.t_first_out = None
+        self._receiving: asyncio.Task | None = None  # the task waiting in ws.receive(), if one is
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._idle_fired = False
 
     # -- entry ---------------------------------------------------------------------------------
 
     async def run(self) -> None:
         tasks: list[asyncio.Task] = []
+        if self.limits.idle_timeout:
+            self._arm_idle(self.limits.idle_timeout)
         try:
             if not self.authorized(self.ws.headers.get("authorization")):
                 raise ServiceError("unauthorized", "missing or wrong bearer token")
@@ -110,6 +121,7 @@ class _WsSession:
 
     async def _release(self, tasks: list[asyncio.Task]) -> None:
         """Stop the tasks and free the stream's slot (once; a finished stream's is free already)."""
+        self._stop_idle()
         for t in tasks:
             t.cancel()
         for f in list(self.in_flight):
@@ -130,29 +142,16 @@ class _WsSession:
     # -- receiving -----------------------------------------------------------------------------
 
     async def _recv(self) -> tuple[str, object]:
-        """Next message as ("text", str) or ("bytes", bytes), under the size and idle limits.
-
-        Idle: the client has sent nothing for ``idle_timeout`` s since the later of its last
-        message and the last audio sent, with no chunk of its in flight (audio it is still owed
-        is not its silence). Each wait ends at that deadline, so the bound is exact; while a chunk
-        is in flight it waits a period and looks again (the deadline then moves to the audio's
-        send)."""
-        idle = self.limits.idle_timeout
-        task = asyncio.ensure_future(self.ws.receive())
+        """Next message as ("text", str) or ("bytes", bytes), under the size and idle limits."""
+        self._receiving = asyncio.current_task()
         try:
-            while True:
-                timeout = None
-                if idle:
-                    timeout = idle if self.outstanding else self.last_activity + idle - time.monotonic()
-                    if timeout <= 0:
-                        raise ServiceError("idle_timeout", f"no message for {idle:g} s")
-                done, _ = await asyncio.wait({task}, timeout=timeout)
-                if done:
-                    break
-        except BaseException:
-            task.cancel()
+            msg = await self.ws.receive()
+        except asyncio.CancelledError:
+            if self._idle_fired and self._receiving is not None and self._receiving.uncancel() == 0:
+                raise ServiceError("idle_timeout", f"no message for {self.limits.idle_timeout:g} s") from None
             raise
-        msg = task.result()
+        finally:
+            self._receiving = None
         self.last_activity = time.monotonic()
         if msg["type"] == "websocket.disconnect":
             raise Disconnected()
@@ -166,6 +165,35 @@ class _WsSession:
         if size > self.limits.max_message_bytes:
             raise ServiceError("message_too_big", f"message of {size} bytes exceeds the limit of {self.limits.max_message_bytes}")
         return "text", text
+
+    # Idle: the client has sent nothing for ``idle_timeout`` s since the later of its last message
+    # and the last audio sent, with no chunk of its in flight (audio it is still owed is not its
+    # silence). One timer per session, not a timeout per receive: when it fires it looks at the
+    # deadline, which every message and every audio sent moves, and either sleeps until it (so
+    # the bound is exact), or, while a chunk is in flight, looks again a period later (the
+    # deadline then moves to the audio's send), or ends the wait for a message with
+    # ``idle_timeout``.
+
+    def _arm_idle(self, delay: float) -> None:
+        self._idle_timer = asyncio.get_running_loop().call_later(delay, self._idle_check)
+
+    def _stop_idle(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
+    def _idle_check(self) -> None:
+        idle = self.limits.idle_timeout
+        assert idle
+        left = self.last_activity + idle - time.monotonic()
+        if self.outstanding or self._receiving is None:  # audio owed, or not waiting for a message right now
+            self._arm_idle(idle if self.outstanding else max(left, 0.01))
+        elif left > 0:
+            self._arm_idle(left)
+        else:
+            self._idle_timer = None
+            self._idle_fired = True
+            self._receiving.cancel()
 
     @staticmethod
     def _json(text: str) -> dict:
@@ -237,7 +265,8 @@ class _WsSession:
         while True:
             frames = self._chunk(*await self._recv())
             if frames is None:
-                await self.queue.put(None)
+                self._stop_idle()  # nothing more is read
+                self.queue.put_nowait(None)
                 return
             self.frames_in += frames.shape[0]
             if self.frames_in > self.limits.max_stream_frames:
@@ -252,8 +281,13 @@ class _WsSession:
                 raise
             self.outstanding += 1
             self.in_flight.add(fut)
-            fut.add_done_callback(_discard_from(self.in_flight))
+            fut.add_done_callback(self._settled)
             self.queue.put_nowait(fut)
+
+    def _settled(self, f: asyncio.Future) -> None:
+        self.in_flight.discard(f)
+        if not f.cancelled():
+            f.exception()  # retrieved: an abandoned chunk's error is not an unhandled one
 
     # -- sending -------------------------------------------------------------------------------
 
@@ -299,11 +333,3 @@ class _WsSession:
         await self._send(lambda: self.ws.send_json(done))
         await self._send(lambda: self.ws.close(1000))
 
-
-def _discard_from(s: set):
-    def cb(f: asyncio.Future) -> None:
-        s.discard(f)
-        if not f.cancelled():
-            f.exception()  # retrieved: an abandoned chunk's error is not an unhandled one
-
-    return cb

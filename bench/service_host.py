@@ -1,0 +1,121 @@
+"""The service's host side alone: ``code2wav serve``'s app over an engine whose device is simulated,
+so that on a CPU machine the server (event loop, WebSocket, hand-offs, the GIL) is the limit,
+not the decoder.
+
+A step validates, stages and hands rows back as a real one does, returns silence of its shape
+(bfloat16, as on a GPU, so the worker's PCM conversion is real work), and sleeps for the device
+time instead of computing: ``--step-ms A,B`` is A ms per step plus B ms per row (the default is
+roughly the H200's bf16 step: ~1.5 ms at one row, ~7.7 ms at 16). The sleep releases the GIL, as a
+worker waiting on a CUDA sync does.
+
+``python bench/service_host.py serve [--port 8091] [--max-streams 256] [--step-ms A,B] [--loop L] [--ws W]``
+serves it until SIGTERM; load it with ``bench/service_load.py``.
+``python bench/service_host.py inproc [--levels 1,64,256] [--seconds 8] [--step-ms A,B]`` runs the
+same workload on the ``AsyncEngine`` in this process, no server: the ceiling the service is
+measured against.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+
+import torch
+
+from code2wav.model.config import DecoderConfig
+from code2wav.model.decoder import Decoder
+from code2wav.stream.engine import StreamEngine
+from code2wav.stream.pool import StatePool
+from code2wav.stream.runner import EagerRunner
+
+# Widths are irrelevant (no decoder runs); the pool is small, the audio its real size.
+TINY = DecoderConfig(latent_dim=16, hidden_size=16, num_attention_heads=2, num_key_value_heads=2, head_dim=8, intermediate_size=16,
+                     decoder_dim=16, codebook_dim=16, num_hidden_layers=1)
+
+
+class SimulatedDevice(EagerRunner):
+    """Moves a step's inputs as the eager runner does, sleeps for the device's time, returns silence."""
+
+    def __init__(self, model: Decoder, pool: StatePool, base_s: float, per_row_s: float):
+        super().__init__(model, pool)
+        self.base_s, self.per_row_s = base_s, per_row_s
+
+    def __call__(self, codes: torch.Tensor, slots: torch.Tensor, n_new: torch.Tensor) -> torch.Tensor:
+        codes, slots, n_new = self.pool._inputs(codes, slots, n_new)
+        time.sleep(self.base_s + self.per_row_s * codes.shape[0])
+        return torch.zeros(codes.shape[0], codes.shape[2] * self.model.config.samples_per_frame, dtype=torch.bfloat16)
+
+
+def build_core(max_streams: int, step_ms: str, max_batch_frames: int = 512) -> StreamEngine:
+    base, per_row = (float(x) / 1e3 for x in step_ms.split(","))
+    model = Decoder(TINY)
+    pool = StatePool(model, max_streams)
+    return StreamEngine(model, runner=SimulatedDevice(model, pool, base, per_row), max_step_frames=32, max_batch_frames=max_batch_frames)
+
+
+def serve(args: argparse.Namespace) -> int:
+    from code2wav.engine.async_engine import AsyncEngine
+    from code2wav.server.app import Limits, create_app
+    from code2wav.server.connections import uvicorn_settings
+    from code2wav.server.run import serve as run
+
+    torch.set_num_threads(1)
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval / 1e3)
+    core = build_core(args.max_streams, args.step_ms, args.max_batch_frames)
+    limits = Limits(max_connections=4 * args.max_streams + 64)
+    app = create_app(AsyncEngine(core, max_pending_chunks=16), limits=limits)
+    settings = uvicorn_settings(limits, ws=args.ws) if args.ws else uvicorn_settings(limits)
+    loop = {"loop": args.loop} if args.loop else {}  # else serve's default (auto)
+    print(f"simulated device, step {args.step_ms} ms (base, per row); serving on :{args.port}", file=sys.stderr, flush=True)
+    if not args.profile:
+        return run(app, host="127.0.0.1", port=args.port, shutdown_timeout=2.0, ws_max_size=8 << 20, log_level="warning", transport=settings, **loop)
+    import cProfile
+
+    prof = cProfile.Profile()  # the event loop's thread only (the worker's is not traced)
+    try:
+        return prof.runcall(run, app, host="127.0.0.1", port=args.port, shutdown_timeout=2.0, ws_max_size=8 << 20, log_level="warning",
+                            transport=settings, **loop)
+    finally:
+        prof.dump_stats(args.profile)
+
+
+def inproc(args: argparse.Namespace) -> int:
+    from code2wav.bench import _workload
+
+    torch.set_num_threads(1)
+    levels = [int(x) for x in args.levels.split(",")]
+    core = build_core(max(levels), args.step_ms, args.max_batch_frames)
+    print(f"{'c':>5}{'x RT':>9}{'steps/s':>9}{'rows/step':>10}{'TTFP p50 ms':>13}")
+    for c in levels:
+        m = asyncio.run(_workload(core, c, 101, [1, 25], 0, 0.002, seed=c, seconds=args.seconds))
+        ttfp = sorted(m.ttfp)[len(m.ttfp) // 2] * 1e3 if m.ttfp else float("nan")
+        rows = sum(m.rows) / max(1, len(m.rows))
+        print(f"{c:>5}{m.samples / TINY.sample_rate / m.wall:>9.0f}{len(m.steps) / m.wall:>9.0f}{rows:>10.1f}{ttfp:>13.2f}", flush=True)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serve")
+    s.add_argument("--port", type=int, default=8091)
+    s.add_argument("--max-streams", type=int, default=256)
+    s.add_argument("--loop", default=None, help="uvicorn's event loop: auto, asyncio or uvloop (default: serve's own choice)")
+    s.add_argument("--ws", default=None, help="uvicorn's WebSocket implementation (default: serve's own choice)")
+    s.add_argument("--switch-interval", type=float, default=None, metavar="MS", help="sys.setswitchinterval, in ms")
+    s.add_argument("--profile", default=None, metavar="PATH", help="cProfile the event loop's thread, stats written here at exit")
+    i = sub.add_parser("inproc")
+    i.add_argument("--levels", default="1,64,256")
+    i.add_argument("--seconds", type=float, default=8.0)
+    for q in (s, i):
+        q.add_argument("--step-ms", default="1.2,0.4", help="simulated device time: A ms a step plus B ms a row")
+        q.add_argument("--max-batch-frames", type=int, default=512)
+    args = p.parse_args(argv)
+    return serve(args) if args.cmd == "serve" else inproc(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
