@@ -283,8 +283,8 @@ def build_serve_engine(args: argparse.Namespace) -> AsyncEngine:
     engine = build_async_engine(cfg)
     g = engine.engine.runner.stats() if cfg.use_graphs() else None  # type: ignore[attr-defined]
     if engine.warmup is not None:
-        print(f"{PROG}: serving at once; {len(engine.warmup.shapes)} graphs are captured while it serves (/health: graphs; "
-              "--set graph_capture=blocking captures them first)", file=sys.stderr, flush=True)
+        print(f"{PROG}: serving at once; {len(engine.warmup.shapes)} graphs are captured while it serves (/health: graphs)",
+              file=sys.stderr, flush=True)
     elif g is not None:
         print(f"{PROG}: captured {g['graphs']} step graphs and {g['prefill_graphs']} prefill graphs in "
               f"{time.perf_counter() - t0:.0f} s (up to {cfg.batch_frames()} padded frames per step; "

@@ -201,5 +201,6 @@ def test_health_reports_the_graphs_while_warming_and_once_ready(m):
 def test_graph_capture_is_configured_by_name_and_only_graphs_warm_in_the_background(ckpt):
     with pytest.raises(ValueError, match="graph_capture"):
         EngineConfig(graph_capture="later")
-    eng = build_async_engine(EngineConfig(model=str(ckpt), max_streams=2))  # CPU: no graphs, nothing to warm
+    assert EngineConfig().graph_capture == "blocking"  # until the background path's GPU check under load has passed
+    eng = build_async_engine(EngineConfig(model=str(ckpt), max_streams=2, graph_capture="background"))  # CPU: no graphs, nothing to warm
     assert eng.warmup is None and not eng.between_steps
