@@ -2,28 +2,31 @@
 forward (embedded weights, 101 random frames in chunks of 1 then 25): SNR and worst error over
 peak. ``python3 bench/cpu_dtype_snr.py``."""
 
-import time
+from __future__ import annotations
 
 import numpy as np
 import torch
 
 from code2wav.engine.build import EngineConfig, build_engine
 from code2wav.model.loading import load_decoder
+from code2wav.options import chunk_schedule
 
-torch.manual_seed(0)
-codes = torch.from_numpy(np.random.default_rng(0).integers(0, 2048, (101, 16)))
-print(codes.shape)
-ref_m = load_decoder(None, device="cpu", dtype=torch.float64)
-t=time.perf_counter()
-with torch.no_grad():
-    ref = ref_m(codes.T.unsqueeze(0) if codes.shape[-1]==16 else codes.unsqueeze(0)).flatten().double()
-print("f64 forward", time.perf_counter()-t)
-for dt in ("float32","bfloat16"):
-    eng = build_engine(EngineConfig(dtype=dt, max_streams=2))
-    eng.open("a")
-    outs=[]; at=0
-    for n in [1]+[25]*4:
-        outs.append(eng.push("a", codes[at:at+n] if codes.shape[-1]==16 else codes[:,at:at+n].T)); at+=n
-    got=torch.cat(outs).double(); r=ref[:got.numel()]
-    snr=10*torch.log10((r**2).sum()/((got-r)**2).sum())
-    print(dt, "frames", at, "SNR dB", float(snr), "max err/peak", float((got-r).abs().max()/r.abs().max()))
+
+def main() -> None:
+    codes = torch.from_numpy(np.random.default_rng(0).integers(0, 2048, (101, 16)))
+    with torch.no_grad():
+        ref = load_decoder(None, device="cpu", dtype=torch.float64)(codes.T.unsqueeze(0)).flatten()
+    for dtype in ("float32", "bfloat16"):
+        engine = build_engine(EngineConfig(dtype=dtype, max_streams=2))
+        engine.open("s")
+        pieces, at = [], 0
+        for n in chunk_schedule(codes.shape[0], [1, 25]):
+            pieces.append(engine.push("s", codes[at : at + n]))
+            at += n
+        got = torch.cat(pieces).double()
+        snr = 10 * torch.log10((ref**2).sum() / ((got - ref) ** 2).sum())
+        print(f"{dtype}: SNR {float(snr):.1f} dB, worst error / peak {float((got - ref).abs().max() / ref.abs().max()):.2e}")
+
+
+if __name__ == "__main__":
+    main()
