@@ -31,3 +31,22 @@ def ckpt(tmp_path_factory):
     from tests.models import write_checkpoint
 
     return write_checkpoint(tmp_path_factory.mktemp("ckpt") / "tokenizer")
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Torch on one intra-op thread for the test (tests.models.one_thread says why)."""
+    from tests.models import one_thread
+
+    with one_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def small_f64():
+    """The shrunk decoder in float64, random weights (seed 0), one per test module."""
+    import torch
+
+    from tests.models import SMALL, model
+
+    return model(SMALL, torch.float64)

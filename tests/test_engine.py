@@ -17,7 +17,7 @@ from code2wav.stream.pool import PoolFull, StatePool, packed_base, packed_inputs
 from code2wav.stream.rows import StreamError
 from code2wav.stream.runner import EagerRunner
 from code2wav.stream.schedule import SchedulePolicy, split_groups
-from tests.models import SMALL, forward_audio, model, one_thread, random_codes
+from tests.models import SMALL, forward_audio, random_codes
 
 
 class Spy(EagerRunner):
@@ -66,15 +66,12 @@ class VirtualClock:
         self.now += self.step_s
 
 
-@pytest.fixture(autouse=True)
-def _threads():
-    with one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def m():
-    return model(SMALL, torch.float64)
+def m(small_f64):
+    return small_f64
 
 
 @pytest.fixture(scope="module")

@@ -12,20 +12,17 @@ from code2wav.codes import CodesError
 from code2wav.stream.engine import StreamEngine
 from code2wav.stream.pool import PoolFull
 from code2wav.stream.rows import StreamError
-from tests.models import SMALL, forward_audio, model, one_thread, random_codes
+from tests.models import SMALL, forward_audio, random_codes
 
 SPF = 1920
 
 
-@pytest.fixture(autouse=True)
-def _threads():
-    with one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def m():
-    return model(SMALL, torch.float64)
+def m(small_f64):
+    return small_f64
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from code2wav.stream.engine import StreamEngine
 from code2wav.stream.pool import StatePool
 from code2wav.stream.runner import EagerRunner
 from code2wav.stream.schedule import SchedulePolicy
-from tests.models import SMALL, forward_audio, model, one_thread, random_codes
+from tests.models import SMALL, forward_audio, random_codes
 
 SPF = 1920
 SHAPES = [("step", 1, 1), ("step", 1, 25), ("front", 1, 10), ("back", 1, 10), ("step", 4, 8), ("step", 2, 16)]
@@ -64,15 +64,7 @@ class Recorded(EagerRunner):
         self._record("capture", shape)
 
 
-@pytest.fixture(autouse=True)
-def _threads():
-    with one_thread():
-        yield
-
-
-@pytest.fixture(scope="module")
-def m():
-    return model(SMALL, torch.float64)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def warming_engine(m, runner, shapes=SHAPES):
@@ -109,7 +101,8 @@ def test_the_capture_order_puts_a_lone_streams_shapes_first_and_keeps_every_grap
     assert steps == sorted(steps, reverse=True)  # then largest first: the smaller graphs reuse its memory
 
 
-def test_streams_decode_exactly_while_graphs_are_warmed_on_a_thread_and_captured_between_steps(m):
+def test_streams_decode_exactly_while_graphs_are_warmed_on_a_thread_and_captured_between_steps(small_f64):
+    m = small_f64
     codes = random_codes(60, SMALL, seed=3)
     gate = threading.Event()
     runner = Recorded(m, 4, gate=gate)
@@ -136,7 +129,8 @@ def test_streams_decode_exactly_while_graphs_are_warmed_on_a_thread_and_captured
     assert eng.warmup.seconds is not None
 
 
-def test_a_shape_that_fails_to_warm_or_capture_stays_eager_and_the_rest_go_on(m):
+def test_a_shape_that_fails_to_warm_or_capture_stays_eager_and_the_rest_go_on(small_f64):
+    m = small_f64
     codes = random_codes(40, SMALL, seed=4)
     runner = Recorded(m, 4, bad={"warm": {SHAPES[1]}, "capture": {SHAPES[3]}})
     eng = warming_engine(m, runner)
@@ -155,7 +149,8 @@ def test_a_shape_that_fails_to_warm_or_capture_stays_eager_and_the_rest_go_on(m)
     assert ("capture", SHAPES[1]) not in [(w, s) for w, s, _ in runner.events]  # never captured unwarmed
 
 
-def test_stopping_the_engine_mid_warm_up_ends_the_warm_up_thread(m):
+def test_stopping_the_engine_mid_warm_up_ends_the_warm_up_thread(small_f64):
+    m = small_f64
     gate = threading.Event()
     runner = Recorded(m, 2, gate=gate)
     eng = warming_engine(m, runner)
@@ -177,7 +172,8 @@ def test_stopping_the_engine_mid_warm_up_ends_the_warm_up_thread(m):
     assert eng.warmup.state == "warming" and eng.warmup.captured == 0 and [w for w, _, _ in runner.events] == ["warm"]
 
 
-def test_health_reports_the_graphs_while_warming_and_once_ready(m):
+def test_health_reports_the_graphs_while_warming_and_once_ready(small_f64):
+    m = small_f64
     gate = threading.Event()
     eng = warming_engine(m, Recorded(m, 2, gate=gate), shapes=SHAPES[:2])
 
