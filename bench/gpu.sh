@@ -74,7 +74,8 @@ service)
 fullload)
   loads='for spec in "1 1" "4 16" "4 64"; do for pfx in 0 200; do echo "=== service: procs x streams $spec, prefix $pfx";
     python3 bench/service_load.py http://127.0.0.1:8091 $spec 8 --prefix $pfx | tee -a '"$OUT"'/service_load.jsonl | cut -c1-240; done; done'
-  timeout 330 python3 bench/cold_start.py serve --then "$loads" --device cuda --dtype bfloat16 --max-streams 256 2>&1 | tee "$OUT/fullload.txt"
+  # SERVE_ARGS: more serve options, e.g. SERVE_ARGS="--set graph_capture=background"
+  timeout 330 python3 bench/cold_start.py serve --then "$loads" --device cuda --dtype bfloat16 --max-streams 256 ${SERVE_ARGS:-} 2>&1 | tee "$OUT/fullload.txt"
   [ -n "${INPROCESS-1}" ] && sustained inprocess --levels 1,64,256 --prefix 0,200 --seconds 4
   echo "=== summary ==="; grep -v "^{" "$OUT/fullload.txt" | head -8; grep -A8 "^mode" "$OUT/inprocess.txt" 2>/dev/null
   ;;

@@ -44,7 +44,7 @@ def main() -> int:
     n = int(sys.argv[2]) if len(sys.argv) > 2 else 8
     use_expandable_segments()
     configure_cuda(getattr(torch, dtype))
-    cfg = EngineConfig(device="cuda", dtype=dtype, max_streams=2 * n)
+    cfg = EngineConfig(device="cuda", dtype=dtype, max_streams=2 * n, graph_capture="background")
     model = load_model(cfg)
     rng = np.random.default_rng(0)
     codes = [rng.integers(0, 2048, (72 + 101, 16)) for _ in range(n)]
