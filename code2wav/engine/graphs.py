@@ -117,11 +117,9 @@ class GraphRunner(EagerRunner):
         """Warm up and capture every bucket, largest first so smaller graphs reuse its memory;
         then the prefill passes' shapes (``StreamEngine.prefill_shapes()``)."""
         stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        for b, t in sorted(self.buckets, key=lambda bt: -bt[0] * bt[1]):
-            self._capture_step(stream, b, t)
-        for shape in prefill_shapes:
-            self._capture_prefill(stream, *shape)
+        steps = [("step", b, t) for b, t in sorted(self.buckets, key=lambda bt: -bt[0] * bt[1])]
+        for shape in steps + list(prefill_shapes):
+            self._capture_shape(stream, shape)
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
         self.pool_bytes = self.memory_bytes()
@@ -141,69 +139,59 @@ class GraphRunner(EagerRunner):
         slot with no new frames, so it changes no stream's state; safe beside eager steps on
         another thread (it captures nothing)."""
         with torch.cuda.stream(stream):
-            fn, args = self._shape_inputs(shape)
+            fn, inputs, _ = self._shape_inputs(shape)
             for _ in range(2):
-                fn(self.model, *args)
+                fn(self.model, *inputs)
         stream.synchronize()
 
     @torch.no_grad()
     def capture_one(self, shape: tuple[str, int, int], stream: torch.cuda.Stream) -> None:
         """Capture ``shape`` (from :meth:`plan`) now; its steps replay it from the next one on."""
-        stream.wait_stream(torch.cuda.current_stream())
-        kind, b, t = shape
-        if kind == "step":
-            self._capture_step(stream, b, t)
-        else:
-            self._capture_prefill(stream, kind, b, t)
+        self._capture_shape(stream, shape)
         torch.cuda.current_stream().wait_stream(stream)
         stream.synchronize()
         self._shapes.clear()  # padded_shape's answers change with every graph in
         self.pool_bytes = self.memory_bytes()
 
     def _shape_inputs(self, shape: tuple[str, int, int]) -> tuple:
-        """The pass and its inputs for ``shape``: scratch rows, no new frames."""
+        """``(pass, (x, slots, n_new), packed)`` for ``shape``: scratch rows, no new frames;
+        ``packed`` is the one buffer a step's three inputs view (None for a prefill pass)."""
         kind, b, t = shape
         q = self.model.config.num_quantizers
         if kind == "step":
-            _, codes, slots, n_new = packed_inputs(b, t, self.pool.scratch_slot, self.device, q=q)
-            return self.pool.run, (codes, slots, n_new)
+            packed, codes, slots, n_new = packed_inputs(b, t, self.pool.scratch_slot, self.device, q=q)
+            return self.pool.run, (codes, slots, n_new), packed
         slots = torch.full((b,), self.pool.scratch_slot, dtype=torch.long, device=self.device)
         n_new = torch.zeros(b, dtype=torch.long, device=self.device)
-        return getattr(self.pool, kind), (self._prefill_input(kind, b, t), slots, n_new)
-
-    def _prefill_input(self, kind: str, b: int, t: int) -> Tensor:
-        q = self.model.config.num_quantizers
         x = torch.zeros(b, q, t, dtype=torch.long, device=self.device)
-        return x if kind == "front" else self.model.front(x).zero_()  # hidden frames, laid out as the front's output is
+        if kind == "back":  # hidden frames, laid out as the front's output is
+            x = self.model.front(x).zero_()
+        return getattr(self.pool, kind), (x, slots, n_new), None
 
-    def _capture_step(self, stream: torch.cuda.Stream, b: int, t: int) -> None:
-        packed, codes, slots, n_new = packed_inputs(b, t, self.pool.scratch_slot, self.device, q=self.model.config.num_quantizers)
-        g = self._capture(stream, self.pool.run, codes, slots, n_new)
-        g.packed = packed
-        self.graphs[(b, t)] = g
+    def _capture_shape(self, stream: torch.cuda.Stream, shape: tuple[str, int, int]) -> None:
+        fn, inputs, packed = self._shape_inputs(shape)
+        g = self._capture(stream, fn, inputs)
+        if packed is None:
+            self.prefill_graphs[shape] = g
+        else:
+            g.packed = packed
+            self.graphs[shape[1:]] = g
 
-    def _capture_prefill(self, stream: torch.cuda.Stream, kind: str, b: int, t: int) -> None:
-        self.prefill_graphs[(kind, b, t)] = self._capture(stream, getattr(self.pool, kind), self._prefill_input(kind, b, t))
-
-    def _capture(self, stream: torch.cuda.Stream, fn, x: Tensor, slots: Tensor | None = None, n_new: Tensor | None = None) -> _Graph:
+    def _capture(self, stream: torch.cuda.Stream, fn, inputs: tuple[Tensor, Tensor, Tensor]) -> _Graph:
         """A graph of ``fn(model, x, slots, n_new)`` on scratch rows with no new frames (so the
         warm-up and capture runs change no stream's state). ``thread_local``: a warming thread's
         allocations beside a capture do not end it (they are on another stream)."""
-        b = x.shape[0]
-        if slots is None:
-            slots = torch.full((b,), self.pool.scratch_slot, dtype=torch.long, device=self.device)
-            n_new = torch.zeros(b, dtype=torch.long, device=self.device)
         # The inputs were made on the current stream, and torch's streams do not wait for it by
         # themselves: on a busy worker, its fill may still be queued behind steps.
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up: kernels compiled, cuDNN tuned, allocator primed
-                fn(self.model, x, slots, n_new)
+                fn(self.model, *inputs)
         stream.synchronize()
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, pool=self.mempool, stream=stream, capture_error_mode="thread_local"):
-            out = fn(self.model, x, slots, n_new)
-        return _Graph(g, (x, slots, n_new), out)
+            out = fn(self.model, *inputs)
+        return _Graph(g, inputs, out)
 
     def padded_shape(self, batch: int, frames: int) -> tuple[int, int] | None:
         """The (rows, frames) of the graph a step of this shape replays; None: it runs eagerly.
