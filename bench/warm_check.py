@@ -17,6 +17,7 @@ import time
 import numpy as np
 import torch
 
+from code2wav.engine.async_engine import AsyncEngine
 from code2wav.engine.build import EngineConfig, build_async_engine, build_engine, load_model
 from code2wav.engine.graphs import use_expandable_segments
 from code2wav.model.loading import configure_cuda
@@ -49,8 +50,6 @@ def main() -> int:
     rng = np.random.default_rng(0)
     codes = [rng.integers(0, 2048, (72 + 101, 16)) for _ in range(n)]
     eager = build_engine(EngineConfig(device="cuda", dtype=dtype, max_streams=2 * n, graphs=False), model=model)
-    from code2wav.engine.async_engine import AsyncEngine
-
     async def reference() -> list[torch.Tensor]:
         async with AsyncEngine(eager) as eng:
             return await streams(eng, codes, 72, time.perf_counter(), [])

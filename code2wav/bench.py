@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import sys
 import time
@@ -81,7 +82,7 @@ async def _workload(core: Lifecycle, concurrency: int, frames: int, schedule: li
     prefix is one of that many references (stream k takes voice k mod voices), as clones repeat."""
     q, size = core.cfg.num_quantizers, core.cfg.codebook_size
     bank = np.random.default_rng(7).integers(0, size, (voices, prefix, q)) if voices and prefix else None
-    opened_streams = iter(range(1 << 62))
+    opened_streams = itertools.count()
     fps = core.cfg.sample_rate / core.cfg.samples_per_frame
     rng = np.random.default_rng(seed)
     m = _Measured()

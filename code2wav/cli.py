@@ -281,11 +281,11 @@ def build_serve_engine(args: argparse.Namespace) -> AsyncEngine:
     cfg = engine_config(args, device, settings + (["graphs=false"] if args.no_graphs else []))
     t0 = time.perf_counter()
     engine = build_async_engine(cfg)
-    g = engine.engine.runner.stats() if cfg.use_graphs() else None  # type: ignore[attr-defined]
     if engine.warmup is not None:
         print(f"{PROG}: serving at once; {len(engine.warmup.shapes)} graphs are captured while it serves (/health: graphs)",
               file=sys.stderr, flush=True)
-    elif g is not None:
+    elif cfg.use_graphs():
+        g = engine.engine.runner.stats()  # type: ignore[attr-defined]
         print(f"{PROG}: captured {g['graphs']} step graphs and {g['prefill_graphs']} prefill graphs in "
               f"{time.perf_counter() - t0:.0f} s (up to {cfg.batch_frames()} padded frames per step; "
               f"graph pool {g['pool_bytes'] / 2**20:.0f} MiB)", file=sys.stderr, flush=True)
