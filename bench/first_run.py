@@ -6,12 +6,16 @@ two runs, on a side stream) and again (the second time, for comparison). Prints 
 first and second time and the functions the first run spent most in, grouped by where they
 live (Triton's compiler and launcher, torch's ops, the rest), so the costly part is named. Run
 it twice on a fresh machine: the second process finds Triton's on-disk cache warm.
+``INSTANT=1``: the runs are in the instant forms (kernels/instant.py), as a warming engine's
+eager steps are.
 """
 
 from __future__ import annotations
 
+import contextlib
 import cProfile
 import json
+import os
 import pstats
 import sys
 import time
@@ -20,6 +24,7 @@ import torch
 
 from code2wav.engine.build import EngineConfig, load_model
 from code2wav.engine.graphs import GraphRunner, use_expandable_segments
+from code2wav.kernels import instant
 from code2wav.model.loading import configure_cuda
 from code2wav.stream.pool import StatePool
 
@@ -45,17 +50,19 @@ def main() -> None:
     print(f"load {time.perf_counter() - t:.2f} s")
     runner = GraphRunner(model, StatePool(model, 64))
     stream = runner.side_stream()
+    forms = instant.forms if os.environ.get("INSTANT") == "1" else contextlib.nullcontext
     record = []
     for shape in shapes:
         prof = cProfile.Profile()
         t = time.perf_counter()
-        prof.enable()
-        runner.warm(shape, stream)
-        prof.disable()
-        first = time.perf_counter() - t
-        t = time.perf_counter()
-        runner.warm(shape, stream)
-        second = time.perf_counter() - t
+        with forms():
+            prof.enable()
+            runner.warm(shape, stream)
+            prof.disable()
+            first = time.perf_counter() - t
+            t = time.perf_counter()
+            runner.warm(shape, stream)
+            second = time.perf_counter() - t
         stats = pstats.Stats(prof)
         groups: dict[str, float] = {}
         rows = []

@@ -54,7 +54,9 @@ def main() -> int:
         async with AsyncEngine(eager) as eng:
             return await streams(eng, codes, 72, time.perf_counter(), [])
 
+    t = time.perf_counter()
     ref = asyncio.run(reference())
+    print(f"eager reference decoded in {time.perf_counter() - t:.1f} s", flush=True)
     t0 = time.perf_counter()
     warm = build_async_engine(cfg, model=model)
     firsts: list[float] = []
@@ -63,6 +65,7 @@ def main() -> int:
         async with warm as eng:
             during = await streams(eng, codes, 72, t0, firsts)
             state_after_first = eng.warmup.status()
+            print(f"first batch decoded {time.perf_counter() - t0:.1f} s after the build began", flush=True)
             while eng.warmup.state == "warming":
                 await asyncio.sleep(0.05)
             print("warming when the first batch ended:", state_after_first)

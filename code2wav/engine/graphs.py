@@ -3,19 +3,23 @@
 A step is captured once per (batch bucket, frames bucket) pair. At run time the real step is
 padded up to the smallest bucket that holds it: extra frames are causal padding (discarded),
 extra rows point at the pool's scratch slot with zero new frames. State is gathered and
-scattered in place inside the graph, so a replay is the whole step. Shapes no bucket holds run
-eagerly (the :class:`EagerRunner` it extends), and the reason is counted.
+scattered in place inside the graph, so a replay is the whole step. Steps no graph holds run
+eagerly (the :class:`EagerRunner` it extends), in the instant forms (kernels/instant.py: such a
+shape may be new to this process, and the fast forms' first run at a new shape costs seconds),
+and the reason is counted.
 """
 
 from __future__ import annotations
 
 import os
 from collections import Counter
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from code2wav.kernels import instant
 from code2wav.model.decoder import Decoder
 from code2wav.stream.pool import StatePool, packed_base, packed_inputs
 from code2wav.stream.runner import EagerRunner
@@ -214,7 +218,8 @@ class GraphRunner(EagerRunner):
             reason = "stream capture active"
         if reason is not None:  # eager, counted
             self.fallbacks[reason] += 1
-            return super().__call__(codes, slots, n_new)
+            with self._eager_forms(reason):
+                return super().__call__(codes, slots, n_new)
         g = self.graphs[shape]
         staged = packed_base(codes, slots, n_new) if shape == (B, T) and not codes.is_cuda else None
         if staged is not None:  # the engine staged the step at the graph's shape: one copy up
@@ -235,6 +240,13 @@ class GraphRunner(EagerRunner):
             g.packed.copy_(host, non_blocking=True)
         return self._replay(g, shape, n_new, B, T)
 
+    @staticmethod
+    def _eager_forms(reason: str) -> AbstractContextManager[None]:
+        """The forms an eager fallback runs: the instant ones (kernels/instant.py) for a shape no
+        graph holds (new to this process, maybe: the fast forms' first run at a new shape costs
+        seconds); the fast ones inside someone's stream capture (what it captures, it replays)."""
+        return nullcontext() if reason == "stream capture active" else instant.forms()
+
     def _replay(self, g: _Graph, shape: tuple[int, int], n_new: Tensor, B: int, T: int) -> Tensor:
         g.graph.replay()
         self.hits += 1
@@ -249,8 +261,10 @@ class GraphRunner(EagerRunner):
         was captured, the eager pass (a counted fallback)."""
         g = self.prefill_graphs.get((kind, x.shape[0], x.shape[-1]))
         if g is None or torch.cuda.is_current_stream_capturing():
-            self.fallbacks[f"{kind} prefill shape" if g is None else "stream capture active"] += 1
-            return super().prefill(kind, x, slots, n_new)
+            reason = f"{kind} prefill shape" if g is None else "stream capture active"
+            self.fallbacks[reason] += 1
+            with self._eager_forms(reason):
+                return super().prefill(kind, x, slots, n_new)
         for dst, src in zip(g.inputs, (x, slots, n_new)):
             dst.copy_(src, non_blocking=True)
         g.graph.replay()

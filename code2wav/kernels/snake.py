@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from code2wav.kernels import instant
+
 try:  # Triton ships with CUDA builds of torch; CPU-only installs run the eager formula.
     import triton
     import triton.language as tl
@@ -27,9 +29,10 @@ NUM_WARPS = 4  # per program of the elementwise kernels here and in history.py
 
 
 def fused(x: Tensor) -> bool:
-    """Whether the Triton path applies: CUDA, not float64, int32-indexable. (The one gate for
-    every kernel here; tests swap it to run the kernels through Triton's CPU interpreter.)"""
-    return triton is not None and x.is_cuda and x.dtype != torch.float64 and x.numel() < 2**31
+    """Whether the Triton path applies: CUDA, not float64, int32-indexable, and this thread not
+    running the instant forms (kernels/instant.py). (The one gate for every kernel here; tests
+    swap it to run the kernels through Triton's CPU interpreter.)"""
+    return triton is not None and x.is_cuda and x.dtype != torch.float64 and x.numel() < 2**31 and not instant.active()
 
 
 def is_channels_last(x: Tensor) -> bool:

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from code2wav.kernels import skinny, unit
+from code2wav.kernels import instant, skinny, unit
 from code2wav.kernels.mono_conv import mono_conv
 from code2wav.kernels.snake import bias_add, is_channels_last, residual_add, snake_beta, to_layout
 from code2wav.model.choices import DEFAULT_CHOICES, LayerChoices
@@ -55,6 +55,8 @@ class CausalConv1d(StreamingLayer):
         the history concat."""
         bias = self.conv.bias if add_bias else None
         d, L = self.conv.dilation[0], x.shape[-1]
+        if instant.active() and self.conv.groups in (1, self.conv.in_channels):
+            return self._by_taps(self._with_history(x, step, act, act_bias), bias, L)
         mono = self.conv.out_channels == 1 and add_bias  # the output conv: cuDNN is slow for one channel
         folded = (not mono and self.conv.groups == 1 and self.history > 0
                   and (self.choices.conv_fold == "all" or (self.choices.conv_fold == "dilated" and d > 1 and len(x) > 1)))
@@ -71,6 +73,25 @@ class CausalConv1d(StreamingLayer):
             return y.flatten(2)[..., :L]
         w = self.conv.weight.unsqueeze(2)
         return F.conv2d(xx.unsqueeze(2), w, bias, dilation=(1, d), groups=self.conv.groups).squeeze(2)
+
+    def _by_taps(self, xx: Tensor, bias: Tensor | None, L: int) -> Tensor:
+        """The instant form (kernels/instant.py) of the conv over ``xx`` = [history, new]: the sum
+        over taps ``i`` of the input shifted by ``i * d`` times tap ``i``'s weights (a product
+        ``[B * L, in] @ [in, out]`` for a full conv, a per-channel scale for a depthwise one),
+        summed in float32 or wider. Matrix products and elementwise ops only: nothing is
+        prepared per shape, and no im2col buffer is made. The output keeps ``xx``'s layout."""
+        k, d, w = self.conv.kernel_size[0], self.conv.dilation[0], self.conv.weight
+        acc = torch.promote_types(xx.dtype, torch.float32)
+        y = None
+        for i in range(k):
+            if self.conv.groups == 1:
+                term = (xx[..., i * d : i * d + L].transpose(1, 2) @ w[:, :, i].t()).transpose(1, 2)
+            else:  # depthwise: groups == channels
+                term = xx[..., i * d : i * d + L] * w[:, 0, i, None]
+            y = term.to(acc) if y is None else y.add_(term)
+        if bias is not None:
+            y = y.add_(bias[:, None])
+        return to_layout(y.to(xx.dtype), channels_last=is_channels_last(xx))
 
     def _as_gemm(self, xx: Tensor, bias: Tensor | None, L: int) -> Tensor:
         """The conv over ``xx`` = [history, new] (channels-last) as ``cols @ W^T``: row ``(b, t)``
@@ -123,7 +144,8 @@ class CausalConvTranspose1d(StreamingLayer):
         n = x.shape[-1] * self.stride
         start = self.stride if self.history else 0  # the history's own output block is dropped
         x = self._with_history(x, step, act)
-        if self.choices.convt_gemm and self.bias_rows is not None and is_channels_last(x) and self.conv.kernel_size[0] in (self.stride, 2 * self.stride):
+        gemm = self.choices.convt_gemm or instant.active()  # the instant form: no cuDNN plan
+        if gemm and self.bias_rows is not None and is_channels_last(x) and self.conv.kernel_size[0] in (self.stride, 2 * self.stride):
             return self._as_gemm(x)
         y = F.conv_transpose2d(x.unsqueeze(2), self.conv.weight.unsqueeze(2), None, stride=(1, self.stride)).squeeze(2)
         # Adding the bias to the trimmed view is also the copy that makes it dense (same layout).
