@@ -12,8 +12,11 @@ the top by inclusive samples (a function counted once in each stack it appears i
 samples by package (the source file's first two directories), then one JSON line of the same.
 Percentages are of all samples; within a thread, of that thread's. With ``--rate`` and
 ``--duration`` (py-spy's own) each thread's samples are also given as a share of the wall time:
-without ``--idle``, how busy it was. Functions are ``name (file)``; ``--lines`` keeps py-spy's
-line numbers apart.
+without ``--idle``, how much of it the thread was running (or runnable: on a crowded CPU a
+thread waiting for a core counts); recorded with ``--gil``, how much of it it held the GIL.
+Functions are ``name (file)``; ``--lines`` keeps py-spy's line numbers apart. py-spy shortens a
+file to its package path, and a directory without ``__init__.py`` ends a package: a module there
+shows as its file name alone.
 """
 
 from __future__ import annotations
@@ -47,7 +50,9 @@ def parse(lines: Iterable[str], keep_lines: bool = False) -> Iterator[tuple[str,
 
 def package(frame: str) -> str:
     """``websockets/legacy/protocol.py`` -> ``websockets/legacy``; ``threading.py`` -> ``threading``."""
-    path = frame[frame.rfind("(") + 1 : -1].rsplit(":", 1)[0] if frame.endswith(")") else frame
+    if not frame.endswith(")") or "(" not in frame[1:]:
+        return frame
+    path = frame[frame.rfind("(") + 1 : -1].rsplit(":", 1)[0]
     parts = path.split("/")
     return "/".join(parts[:-1][:2]) or parts[-1].removesuffix(".py")
 
@@ -55,7 +60,7 @@ def package(frame: str) -> str:
 def summarize(
     stacks: Iterable[tuple[str, list[str], int]], top: int = 30, top_inclusive: int = 20, min_share: float = 0.05, wall_samples: float | None = None
 ) -> dict:
-    """The tables, as lists of (function, samples), most first; ``busy`` (each thread's samples
+    """The tables, as lists of (function, samples), most first; ``of_wall`` (each thread's samples
     over ``wall_samples``, py-spy's rate x duration) where that is given."""
     threads: Counter[str] = Counter()
     own: Counter[str] = Counter()
@@ -81,16 +86,16 @@ def summarize(
         "packages": packages.most_common(top),
     }
     if wall_samples:
-        out["busy"] = {t: round(n / wall_samples, 4) for t, n in threads.items()}
+        out["of_wall"] = {t: round(n / wall_samples, 4) for t, n in threads.items()}
     return out
 
 
 def report(s: dict) -> str:
     """The tables as text, then ``s`` as one JSON line."""
-    total, busy = max(1, s["samples"]), s.get("busy", {})
+    total, of_wall = max(1, s["samples"]), s.get("of_wall", {})
     table = lambda rows, of: "\n".join(f"{n:>8} {100 * n / max(1, of):>6.1f}%  {name}" for name, n in rows)
     out = [f"{s['samples']} samples, {len(s['threads'])} threads", "--- samples per thread"]
-    out += [f"{n:>8} {100 * n / total:>6.1f}%  {t}" + (f"  (busy {100 * busy[t]:.0f}% of the wall)" if t in busy else "") for t, n in s["threads"].items()]
+    out += [f"{n:>8} {100 * n / total:>6.1f}%  {t}" + (f"  ({100 * of_wall[t]:.0f}% of the wall)" if t in of_wall else "") for t, n in s["threads"].items()]
     out += ["--- top functions by self samples, all threads", table(s["self"], total)]
     for t, rows in s["self_by_thread"].items():
         out += [f"--- top functions by self samples in {t} (% of its {s['threads'][t]})", table(rows, s["threads"][t])]

@@ -67,7 +67,7 @@ def test_the_command_prints_the_tables_then_the_summary_as_json_with_each_thread
     out = subprocess.run([sys.executable, str(SCRIPT), str(raw), "--rate", "10", "--duration", "10"], capture_output=True, text=True, check=True).stdout
     lines = out.splitlines()
     assert lines[0] == "100 samples, 3 threads"
-    assert "      58   58.0%  code2wav-step [202]  (busy 58% of the wall)" in lines
+    assert "      58   58.0%  code2wav-step [202]  (58% of the wall)" in lines
     last = json.loads(lines[-1])
-    assert last["busy"] == {"code2wav-step [202]": 0.58, "MainThread [101]": 0.4, "ThreadPoolExecutor-0_0 [303]": 0.02}
+    assert last["of_wall"] == {"code2wav-step [202]": 0.58, "MainThread [101]": 0.4, "ThreadPoolExecutor-0_0 [303]": 0.02}
     assert last["self"][0] == ["to_int16 (code2wav/server/audio.py)", 50]
