@@ -11,6 +11,9 @@
 #   bash bench/gpu.sh fullload    the service from a cold start (spawn -> first audio), then at full load:
 #                                 1, 4 x 16 and 4 x 64 WebSocket streams from 4 client processes,
 #                                 prefix 0 and 200; then the same workload in-process
+#   bash bench/gpu.sh serveprof   py-spy on the server process (bf16, graphs, 256 streams) under 4 x 64 and 8 x 32
+#                                 WebSocket streams: each thread's samples and top functions, who holds
+#                                 the GIL, one dump of all threads (carry .whl with py-spy's wheel)
 #   bash bench/gpu.sh startup     where a start's time goes, phase by phase and graph by graph
 #   bash bench/gpu.sh warm        graphs captured while serving: streams decoded meanwhile and after vs eager
 #   bash bench/gpu.sh integrations  vLLM-Omni's and SGLang-Omni's own stages vs code2wav's, at the
@@ -48,6 +51,56 @@ sustained() {  # $1: output name, the rest: bench options
   timeout 300 python3 -m code2wav.bench --modes exact-graph --frames 101 --seconds 3 --out "$OUT/$name" "$@" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/$name.txt"
 }
 
+until_streams() {  # until /health counts $1 open streams (at most 60 s)
+  timeout 70 python3 - "$1" <<'EOF2'
+import sys, time, httpx
+for _ in range(600):
+    try:
+        if httpx.get("http://127.0.0.1:8091/health").json().get("active_streams", 0) >= int(sys.argv[1]):
+            break
+    except (httpx.HTTPError, ValueError):
+        pass
+    time.sleep(0.1)
+EOF2
+}
+serveprof() {  # py-spy records each load from 1 s after half its streams are open (the clients import torch first)
+  local spy=/tmp/site/bin/py-spy spec name load pids first=1 t0=$SECONDS
+  [ -x "$spy" ] || spy=$(command -v py-spy) || { echo "no py-spy: carry .whl with its wheel" >&2; return 2; }
+  local rec=(record --threads --rate 200 --duration 6 --format raw --nonblocking)
+  # PROF_SERVER replaces the server (a CPU dry run: "python3 bench/service_host.py serve --max-streams 64"), PROF_LOADS
+  # the loads (PROCSxSTREAMS ...), PROF_SECONDS their length
+  ${PROF_SERVER:-python3 -m code2wav serve --device cuda --dtype bfloat16 --max-streams 256 --log-level warning ${SERVE_ARGS:-}} >"$OUT/serve.log" 2>&1 &
+  SERVER=$!
+  for _ in $(seq 300); do ready 2>/dev/null && break; kill -0 "$SERVER" 2>/dev/null || break; sleep 1; done
+  if ! ready 2>/dev/null; then echo "the server is not ready after $((SECONDS - t0)) s"; tail -n 20 "$OUT/serve.log"; kill "$SERVER"; return 1; fi
+  echo "ready after $((SECONDS - t0)) s: $(get /health)"
+  for spec in ${PROF_LOADS:-4x64 8x32}; do
+    name=prof_$spec
+    echo "=== procs x streams ${spec/x/ x }, prefix 0, ${PROF_SECONDS:-10} s: py-spy ${rec[*]}"
+    timeout 90 python3 bench/service_load.py http://127.0.0.1:8091 ${spec/x/ } "${PROF_SECONDS:-10}" --prefix 0 >/tmp/serveprof_load.json &
+    load=$!
+    until_streams $((${spec%x*} * ${spec#*x} / 2)); sleep 1
+    timeout 30 "$spy" "${rec[@]}" -p "$SERVER" -o "$OUT/$name.txt" &
+    pids=($!)
+    if [ -n "$first" ]; then  # the same window with --gil: which thread holds the GIL, and for how much of the wall
+      timeout 30 "$spy" "${rec[@]}" --gil -p "$SERVER" -o "$OUT/${name}_gil.txt" >/dev/null &
+      pids+=($!)
+      sleep 3; timeout 20 "$spy" dump -p "$SERVER" >"$OUT/dump_$spec.txt" 2>&1; echo "all threads mid-load: $OUT/dump_$spec.txt"
+    fi
+    wait "${pids[@]}"; wait "$load"
+    # the summary file: the load's JSON line, the profile's tables and JSON line, then the --gil profile's
+    { cat /tmp/serveprof_load.json; timeout 60 python3 bench/server_profile.py "$OUT/$name.txt" --rate 200 --duration 6
+      [ -n "$first" ] && echo "=== holding the GIL (--gil)" && timeout 60 python3 bench/server_profile.py "$OUT/${name}_gil.txt" --rate 200 --duration 6 --top 15
+    } >"$OUT/${name}_summary.txt" 2>&1
+    python3 -c 'import json, sys; d = json.loads(sys.stdin.readline()); d.pop("runs"); print(json.dumps(d))' </tmp/serveprof_load.json || echo "(no load result)"
+    grep -v "^{" "$OUT/${name}_summary.txt" | head -n 28
+    [ -n "$first" ] && sed -n '/^=== holding the GIL/,/^--- top/{/^--- top/!p}' "$OUT/${name}_summary.txt"
+    first=
+  done
+  get /metrics | grep -E "^code2wav_(steps|errors|pool)"
+  kill "$SERVER"; for _ in $(seq 30); do kill -0 "$SERVER" 2>/dev/null || break; sleep 1; done; kill -9 "$SERVER" 2>/dev/null
+}
+
 case "${1:-check}" in
 check)
   timeout 280 python3 bench/gpu_check.py 2>&1 | tee "$OUT/gpu_check.txt"
@@ -78,6 +131,9 @@ fullload)
   timeout 330 python3 bench/cold_start.py serve --then "$loads" --device cuda --dtype bfloat16 --max-streams 256 ${SERVE_ARGS:-} 2>&1 | tee "$OUT/fullload.txt"
   [ -n "${INPROCESS-1}" ] && sustained inprocess --levels 1,64,256 --prefix 0,200 --seconds 4
   echo "=== summary ==="; grep -v "^{" "$OUT/fullload.txt" | head -8; grep -A8 "^mode" "$OUT/inprocess.txt" 2>/dev/null
+  ;;
+serveprof)
+  serveprof 2>&1 | tee "$OUT/serveprof.txt"
   ;;
 startup)
   timeout 300 python3 bench/cold_start.py phases bfloat16 2>&1 | tee "$OUT/startup.txt"
