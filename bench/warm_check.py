@@ -66,8 +66,12 @@ def main() -> int:
             during = await streams(eng, codes, 72, t0, firsts)
             state_after_first = eng.warmup.status()
             print(f"first batch decoded {time.perf_counter() - t0:.1f} s after the build began", flush=True)
+            last = time.perf_counter()
             while eng.warmup.state == "warming":
                 await asyncio.sleep(0.05)
+                if time.perf_counter() - last > 15:
+                    last = time.perf_counter()
+                    print(f"  {last - t0:.0f} s: {eng.warmup.status()}", flush=True)
             print("warming when the first batch ended:", state_after_first)
             return during, await streams(eng, codes, 72, t0, []), eng.warmup.seconds
 
