@@ -110,12 +110,18 @@ def add_env_option(p: argparse.ArgumentParser, flag: str, var: str, fallback: An
 def add_threads(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=positive_int, default=EnvDefault("CODE2WAV_THREADS", None, positive_int), metavar="N",
                    help="CPU threads for torch's kernels (torch.set_num_threads). On a shared CPU give the cores this process may "
-                        "use; by default torch takes one per core ($CODE2WAV_THREADS)")
+                        "use; by default torch takes one per core on a CPU device, and one in all with --device cuda "
+                        "($CODE2WAV_THREADS)")
 
 
 def apply_threads(args: argparse.Namespace) -> None:
-    """``--threads N``: torch's intra-op threads, before any work runs."""
+    """``--threads N``: torch's intra-op threads, before any work runs. With a CUDA device and no
+    ``--threads``, one: the host's torch work is then small copies and conversions between steps,
+    where a team of threads per op costs more than it saves, and its waits on threads that the
+    event loop and other processes keep busy stall the step loop."""
     n = getattr(args, "threads", None)
+    if n is None and str(getattr(args, "device", "cpu")).startswith("cuda"):
+        n = 1
     if n:
         import torch
 

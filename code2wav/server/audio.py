@@ -7,11 +7,10 @@ from __future__ import annotations
 import io
 import struct
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from code2wav.audio import to_int16
+from code2wav.audio import to_f32, to_int16
 
 __all__ = ["to_int16", "to_f32", "raw_bytes", "wav_header", "encode_file", "media_type", "concat"]
 
@@ -27,10 +26,6 @@ def media_type(fmt: str, sample_rate: int) -> str:
     The samples are little-endian, as ``pcm_s16le`` says."""
     base = MEDIA_TYPES[fmt]
     return f"{base};rate={sample_rate};channels=1" if base == "audio/L16" else base
-
-
-def to_f32(wav: Tensor) -> np.ndarray:
-    return wav.detach().float().cpu().numpy().astype("<f4", copy=False)
 
 
 def raw_bytes(wav: Tensor, fmt: str) -> bytes:
