@@ -57,6 +57,8 @@ def main() -> int:
     t = time.perf_counter()
     ref = asyncio.run(reference())
     print(f"eager reference decoded in {time.perf_counter() - t:.1f} s", flush=True)
+    peak = max(float(r.abs().max()) for r in ref)
+    err = lambda got: max(float((g - r).abs().max()) for g, r in zip(got, ref)) / peak  # noqa: E731
     t0 = time.perf_counter()
     warm = build_async_engine(cfg, model=model)
     firsts: list[float] = []
@@ -65,7 +67,8 @@ def main() -> int:
         async with warm as eng:
             during = await streams(eng, codes, 72, t0, firsts)
             state_after_first = eng.warmup.status()
-            print(f"first batch decoded {time.perf_counter() - t0:.1f} s after the build began", flush=True)
+            print(f"first batch decoded {time.perf_counter() - t0:.1f} s after the build began; worst error / peak vs eager "
+                  f"{err(during):.2e}; {state_after_first}", flush=True)
             last = time.perf_counter()
             while eng.warmup.state == "warming":
                 await asyncio.sleep(0.05)
@@ -76,8 +79,6 @@ def main() -> int:
             return during, await streams(eng, codes, 72, t0, []), eng.warmup.seconds
 
     during, after, ready_s = asyncio.run(run())
-    peak = max(float(r.abs().max()) for r in ref)
-    err = lambda got: max(float((g - r).abs().max()) for g, r in zip(got, ref)) / peak  # noqa: E731
     stats = warm.engine.runner_stats()
     print(f"first audio {firsts[0]:.2f} s after the build began; every graph in after {ready_s:.1f} s; {warm.warmup.status()}")
     print(f"worst error / peak vs eager: while warming {err(during):.2e}, once ready {err(after):.2e}")
