@@ -65,6 +65,21 @@ def stream_alone(engine, rid: str, codes: torch.Tensor, prefix: int, n: int, sch
     return torch.cat(out)
 
 
+def ragged_pair(engine, codes: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A cold stream ``a`` and one ``b`` with a 30-frame prefix, opened on ``engine`` and stepped
+    together with ragged chunks; each one's audio (``a`` from frame 0, ``b`` from frame 30)."""
+    engine.open("a")
+    engine.open("b", codes[:30])
+    got: dict[str, list[torch.Tensor]] = {"a": [], "b": []}
+    at = {"a": 0, "b": 30}
+    for size_a, size_b in ((1, 25), (25, 3), (7, 25), (30, 1)):
+        out = engine.decode({"a": codes[at["a"] : at["a"] + size_a], "b": codes[at["b"] : at["b"] + size_b]})
+        for rid, size in (("a", size_a), ("b", size_b)):
+            got[rid].append(out[rid])
+            at[rid] += size
+    return {rid: torch.cat(parts) for rid, parts in got.items()}
+
+
 @torch.no_grad()
 def forward_audio(m: Decoder, codes: torch.Tensor) -> torch.Tensor:
     """Whole-utterance forward of [frames, Q] codes -> 1-D audio."""

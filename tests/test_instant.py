@@ -21,7 +21,7 @@ from code2wav.kernels import instant
 from code2wav.stream.engine import StreamEngine
 from code2wav.stream.pool import StatePool
 from code2wav.stream.runner import EagerRunner
-from tests.models import SMALL, forward_audio, model, random_codes, stream_alone
+from tests.models import SMALL, forward_audio, model, ragged_pair, random_codes, stream_alone
 
 SPF = 1920
 SCHEDULES = {"fixed": [25], "ramp": [1, 4, 8, 16, 25], "ragged": [1, 13, 2, 30, 7, 25, 3]}
@@ -67,19 +67,10 @@ def test_instant_forms_run_no_convolution_and_batch_ragged_streams_exactly(small
     """Channels-last (the CUDA layout): a cold stream and a prefixed one stepped together with
     ragged chunks equal the forward, and no torch convolution ran (the monkeypatched ones raise)."""
     m, codes, ref = small64
-    cl = copy.deepcopy(m).channels_last()
-    engine = StreamEngine(cl, max_streams=3)
-    got, at = {"a": [], "b": []}, {"a": 0, "b": 30}
     with instant.forms():
-        engine.open("a")
-        engine.open("b", codes[:30])
-        for size_a, size_b in ((1, 25), (25, 3), (7, 25), (30, 1)):
-            out = engine.decode({"a": codes[at["a"] : at["a"] + size_a], "b": codes[at["b"] : at["b"] + size_b]})
-            for rid, size in (("a", size_a), ("b", size_b)):
-                got[rid].append(out[rid])
-                at[rid] += size
-    assert max_err(torch.cat(got["a"]), ref[: at["a"] * SPF]) <= 1e-9
-    assert max_err(torch.cat(got["b"]), ref[30 * SPF : at["b"] * SPF]) <= 1e-9
+        got = ragged_pair(StreamEngine(copy.deepcopy(m).channels_last(), max_streams=3), codes)
+    assert max_err(got["a"], ref[: len(got["a"])]) <= 1e-9
+    assert max_err(got["b"], ref[30 * SPF : 30 * SPF + len(got["b"])]) <= 1e-9
 
 
 def test_outside_the_instant_forms_the_convolutions_run(small64, no_cudnn_convs):

@@ -18,7 +18,7 @@ import torch
 from code2wav.options import chunk_schedule
 from code2wav.stream.baselines import BaselineEngine
 from code2wav.stream.engine import StreamEngine
-from tests.models import FULL, SMALL, forward_audio, model, one_thread, random_codes, stream_alone
+from tests.models import FULL, SMALL, forward_audio, model, one_thread, ragged_pair, random_codes, stream_alone
 
 SPF = 1920
 
@@ -431,18 +431,9 @@ def test_small_conv_as_gemm_equals_the_conv(monkeypatch, kernel, dilation):
 def _ragged_pair_is_exact(m, codes, ref) -> None:
     """A cold stream and one with a 30-frame prefix, stepped together with ragged chunks: each
     equals the float64 forward ``ref``."""
-    engine = StreamEngine(m, max_streams=3)
-    engine.open("a")
-    engine.open("b", codes[:30])
-    got = {"a": [], "b": []}
-    at = {"a": 0, "b": 30}
-    for size_a, size_b in ((1, 25), (25, 3), (7, 25), (30, 1)):
-        out = engine.decode({"a": codes[at["a"] : at["a"] + size_a], "b": codes[at["b"] : at["b"] + size_b]})
-        for rid, size in (("a", size_a), ("b", size_b)):
-            got[rid].append(out[rid])
-            at[rid] += size
-    assert max_err(torch.cat(got["a"]), ref[: at["a"] * SPF]) <= 1e-9
-    assert max_err(torch.cat(got["b"]), ref[30 * SPF : at["b"] * SPF]) <= 1e-9
+    got = ragged_pair(StreamEngine(m, max_streams=3), codes)
+    assert max_err(got["a"], ref[: len(got["a"])]) <= 1e-9
+    assert max_err(got["b"], ref[30 * SPF : 30 * SPF + len(got["b"])]) <= 1e-9
 
 
 def test_streams_with_small_convs_as_gemms_match_the_forward(small64, monkeypatch):
