@@ -5,12 +5,15 @@ prefix, chunks of 1 then 25 frames) from its first moment, while its graphs are 
 captured, then again once it is ready. Every stream's audio is compared with the same stream
 decoded by an eager engine over the same model: worst error over peak, during warm-up and
 after. Prints when the first audio came (from the build's start), when every graph was in, the
-fallbacks by reason, and the graph pool. ``python3 bench/warm_check.py [dtype] [streams]``.
+fallbacks by reason, and the graph pool. ``python3 bench/warm_check.py [dtype] [streams]``;
+``CUDNN_BENCHMARK=0``: cuDNN picks its algorithms by heuristics (a float32 warm-up times slow
+ones at every large shape otherwise).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 
@@ -45,6 +48,8 @@ def main() -> int:
     n = int(sys.argv[2]) if len(sys.argv) > 2 else 8
     use_expandable_segments()
     configure_cuda(getattr(torch, dtype))
+    if os.environ.get("CUDNN_BENCHMARK") == "0":  # cuDNN's heuristic choice: float32's first runs time no algorithms
+        torch.backends.cudnn.benchmark = False
     cfg = EngineConfig(device="cuda", dtype=dtype, max_streams=2 * n, graph_capture="background")
     model = load_model(cfg)
     rng = np.random.default_rng(0)
