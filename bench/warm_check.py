@@ -6,8 +6,8 @@ captured, then again once it is ready. Every stream's audio is compared with the
 decoded by an eager engine over the same model: worst error over peak, during warm-up and
 after. Prints when the first audio came (from the build's start), when every graph was in, the
 fallbacks by reason, and the graph pool. ``python3 bench/warm_check.py [dtype] [streams]``;
-``CUDNN_BENCHMARK=0``: cuDNN picks its algorithms by heuristics (a float32 warm-up times slow
-ones at every large shape otherwise).
+``CUDNN_BENCHMARK=0``: cuDNN picks its algorithms by heuristics instead of timing them (the
+A/B for the float32 warm-up's slow large shapes, BENCHMARKS.md "From a cold start").
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def main() -> int:
     n = int(sys.argv[2]) if len(sys.argv) > 2 else 8
     use_expandable_segments()
     configure_cuda(getattr(torch, dtype))
-    if os.environ.get("CUDNN_BENCHMARK") == "0":  # cuDNN's heuristic choice: float32's first runs time no algorithms
+    if os.environ.get("CUDNN_BENCHMARK") == "0":  # cuDNN's heuristic choice: no algorithm timed
         torch.backends.cudnn.benchmark = False
     cfg = EngineConfig(device="cuda", dtype=dtype, max_streams=2 * n, graph_capture="background")
     model = load_model(cfg)
