@@ -3,6 +3,7 @@ of that state, and its audio is the whole-utterance forward's, hit and miss alik
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from code2wav.stream.engine import StreamEngine
@@ -42,6 +43,25 @@ def test_a_hit_and_a_miss_in_one_step_with_a_cold_stream_beside_them():
     assert (out["miss"] - forward_audio(m, torch.cat([other, tail]))[12 * SPF : 19 * SPF]).abs().max() <= 1e-9
     assert (out["cold"] - forward_audio(m, tail)[:SPF]).abs().max() <= 1e-9
     assert engine.prefix_cache_stats()["hits"] == 1 and engine.prefix_cache_stats()["misses"] == 2
+
+
+def test_a_hits_first_chunk_gathers_like_a_fresh_streams_and_a_misss_does_not():
+    """First chunks may wait a moment to share a step (``SchedulePolicy.first_chunk_wait``);
+    a prefilled stream's first chunk does not, as its prefill already batched it with the others
+    joining. A stream whose state came from the cache had no prefill: its first chunk gathers,
+    as a fresh stream's does; its later chunks do not."""
+    m = model(SMALL, torch.float32)
+    voice, other, tail = random_codes(20, SMALL, seed=8), random_codes(12, SMALL, seed=9), random_codes(10, SMALL, seed=10)
+    with one_thread():
+        engine = StreamEngine(m, max_streams=4, prefix_cache_bytes=64 << 20)
+        stream_alone(engine, "warm", torch.cat([voice, tail]), 20, 2, [2])  # puts the voice in the cache
+        engine.open("hit", voice)
+        engine.open("miss", other)
+        engine.open("cold")
+        rows = engine._admit({"hit": tail[:1], "miss": tail[:1], "cold": tail[:1]}, lambda rid, e: pytest.fail(f"{rid}: {e}"))
+        assert {r.stream.request_id: r.gathers for r in rows} == {"hit": True, "miss": False, "cold": True}
+        later = engine._admit({"hit": tail[1:3]}, lambda rid, e: pytest.fail(f"{rid}: {e}"))
+        assert [r.gathers for r in later] == [False]
 
 
 def test_the_least_recently_used_prefix_leaves_first_under_the_bound():

@@ -178,7 +178,8 @@ class StreamEngine(Lifecycle):
                     st = self._get(rid)
                     first = not st.started
                     # A stream with a reference prefix is prefilled with the others joining now,
-                    # and their first chunks run together anyway: its first chunk does not wait.
+                    # and their first chunks run together anyway: its first chunk does not wait
+                    # (unless its state comes from the prefix cache: below).
                     rows.append(Row(st, self._frames(payload, f"stream {rid!r}"), first=first, gathers=first and st.prefix is None))
                     st.started = True
                 except (StreamError, CodesError) as e:
@@ -187,7 +188,10 @@ class StreamEngine(Lifecycle):
         waiting = list({id(r.stream): r.stream for r in rows if r.stream.prefix is not None}.values())
         if waiting:
             try:
-                self.prefill(waiting)
+                restored = {id(st) for st in self.prefill(waiting)}
+                for r in rows:  # no prefill batched these: their first chunks gather as fresh streams' do
+                    if r.first and id(r.stream) in restored:
+                        r.gathers = True
             except BaseException as e:  # their state is half written: those streams end here
                 with self._lock:
                     for st in waiting:

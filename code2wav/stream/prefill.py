@@ -57,12 +57,14 @@ class Prefill:
         return t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t
 
     @torch.no_grad()
-    def __call__(self, streams: list[Stream]) -> None:
+    def __call__(self, streams: list[Stream]) -> list[Stream]:
         """Prefill every stream's ``prefix`` into its slot (and clear it): from the cache where it
-        holds that prefix, else in batches of ``self.rows`` (and then kept in the cache)."""
+        holds that prefix, else in batches of ``self.rows`` (and then kept in the cache).
+        Returns the streams whose state came from the cache (no prefill pass ran for them)."""
         if self.cache is None:
-            return self._prefill(streams)
-        misses = []
+            self._prefill(streams)
+            return []
+        misses, hits = [], []
         for st in streams:
             state = self.cache.get(st.prefix)
             if state is None:
@@ -70,9 +72,11 @@ class Prefill:
             else:
                 self.pool.restore(st.slot, state)
                 st.prefix = None
+                hits.append(st)
         self._prefill([st for st, _ in misses])
         for st, codes in misses:
             self.cache.put(codes, self.pool.snapshot(st.slot))
+        return hits
 
     def _prefill(self, streams: list[Stream]) -> None:
         K, step, pin = self.back_context, self.max_step_frames, self.device.type == "cuda"

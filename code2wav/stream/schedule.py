@@ -34,7 +34,8 @@ class SchedulePolicy:
     # holds), a first chunk waits up to this many seconds (or until ``first_chunk_rows`` of them
     # wait) so that several share one step instead of each costing a step for a few frames of
     # audio. Below saturation a first chunk runs in the next step: waiting would buy nothing.
-    # First chunks of streams with a reference prefix never wait: their prefill batches them.
+    # First chunks of streams with a reference prefix never wait: their prefill batches them
+    # (one whose state comes from the prefix cache had no prefill, and waits as a fresh one does).
     first_chunk_wait: float = 0.005
     first_chunk_rows: int = 16
 
