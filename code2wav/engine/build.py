@@ -51,8 +51,8 @@ class EngineConfig:
     # "background": an async engine serves at once and captures its graphs while it serves, steps
     # without theirs yet running eagerly (engine/warmup.py); "blocking": every graph is captured
     # before the engine is returned. A plain build_engine (no worker to capture on) always blocks.
-    # Background by default: a service's first audio comes seconds after its start, not after
-    # a minute of first runs (BENCHMARKS.md, from a cold start); the steady state is the same graphs.
+    # Background by default: a service's first audio comes once the model is loaded, not after
+    # every shape's first runs (BENCHMARKS.md, from a cold start); the steady state is the same graphs.
     graph_capture: str = "background"
     max_step_frames: int | None = None  # frames a row launches per step; None: see step_frames()
     max_batch_frames: int | None = None  # padded frames per step; None: see batch_frames()
