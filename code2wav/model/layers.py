@@ -55,7 +55,8 @@ class CausalConv1d(StreamingLayer):
         the history concat."""
         bias = self.conv.bias if add_bias else None
         d, L = self.conv.dilation[0], x.shape[-1]
-        if instant.active() and self.conv.groups in (1, self.conv.in_channels):
+        c = self.conv
+        if instant.active() and (c.groups == 1 or c.groups == c.in_channels == c.out_channels):  # full or depthwise
             return self._by_taps(self._with_history(x, step, act, act_bias), bias, L)
         mono = self.conv.out_channels == 1 and add_bias  # the output conv: cuDNN is slow for one channel
         folded = (not mono and self.conv.groups == 1 and self.history > 0
