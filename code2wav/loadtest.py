@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from code2wav.client import AsyncClient, ServerError
+from code2wav.client import AsyncClient, AsyncConnection, ServerError
 from code2wav.files import out_dir
 from code2wav.options import CliError, EnvDefault, chunk_schedule, non_negative_int, parse_ints, positive_float, positive_int, server_url
 from code2wav.report import json_safe
@@ -70,8 +70,10 @@ def retry_delay(e: ServerError) -> float:
     return min(MAX_RETRY_AFTER_S, RETRY_AFTER_S if e.retry_after is None else e.retry_after)
 
 
-async def one_stream(client: AsyncClient, rng: np.random.Generator, frames: int, schedule: list[int], prefix: int, res: LoadResult) -> ServerError | None:
-    """One stream start to end; returns the error that ended it (counted in ``res``), if any."""
+async def one_stream(client: AsyncClient | AsyncConnection, rng: np.random.Generator, frames: int, schedule: list[int], prefix: int,
+                     res: LoadResult) -> ServerError | None:
+    """One stream start to end, on a connection of its own (``client``: an ``AsyncClient``) or on
+    a kept one (an ``AsyncConnection``); returns the error that ended it (counted in ``res``), if any."""
     from websockets.exceptions import WebSocketException
 
     codes = rng.integers(0, 2048, (prefix + frames, 16))
@@ -97,9 +99,29 @@ async def one_stream(client: AsyncClient, rng: np.random.Generator, frames: int,
     return err
 
 
+async def kept_streams(client: AsyncClient, rng: np.random.Generator, frames: int, schedule: list[int], prefix: int, res: LoadResult,
+                       deadline: float) -> ServerError | None:
+    """Streams one after another on one connection until the deadline or an error (returned)."""
+    from websockets.exceptions import WebSocketException
+
+    try:
+        async with client.connection() as conn:
+            while time.perf_counter() < deadline:
+                err = await one_stream(conn, rng, frames, schedule, prefix, res)
+                if err is not None:
+                    return err
+    except (OSError, WebSocketException) as e:  # the connection itself refused or lost
+        err = ServerError("connection", f"{type(e).__name__}: {e}")
+        res.errors[err.code] = res.errors.get(err.code, 0) + 1
+        return err
+    return None
+
+
 async def load(url: str, streams: int, seconds: float, frames: int = 101, schedule: list[int] | None = None,
-               prefix: int = 0, api_key: str | None = None, seed: int = 0) -> LoadResult:
-    """N workers open streams back to back until ``seconds`` have passed."""
+               prefix: int = 0, api_key: str | None = None, seed: int = 0, reuse: bool = False) -> LoadResult:
+    """N workers open streams back to back until ``seconds`` have passed; each on a connection
+    of its own, or (``reuse``) one after another on the worker's connection (a new one after an
+    error)."""
     schedule = schedule or [1, 25]
     res = LoadResult(streams=streams, seconds=seconds)
     async with AsyncClient(url, api_key=api_key) as client:
@@ -110,7 +132,10 @@ async def load(url: str, streams: int, seconds: float, frames: int = 101, schedu
         async def worker(i: int) -> None:
             rng = np.random.default_rng(seed * 100_003 + i)
             while time.perf_counter() < deadline:
-                err = await one_stream(client, rng, frames, schedule, prefix, res)
+                if reuse:
+                    err = await kept_streams(client, rng, frames, schedule, prefix, res, deadline)
+                else:
+                    err = await one_stream(client, rng, frames, schedule, prefix, res)
                 if err is not None and err.code in RETRY_CODES:  # back off instead of flooding a full server
                     await asyncio.sleep(max(0.0, min(retry_delay(err), deadline - time.perf_counter())))
 
@@ -141,6 +166,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frames", type=positive_int, default=101, help="frames per stream (after the prefix)")
     p.add_argument("--chunks", default="1,25", help="chunk schedule, the last size repeating")
     p.add_argument("--prefix", type=non_negative_int, default=0, help="reference prefix frames per stream")
+    p.add_argument("--reuse-connections", action="store_true",
+                   help="each worker runs its streams one after another on one WebSocket connection (open with keep_open)")
     p.add_argument("--api-key", default=EnvDefault("CODE2WAV_API_KEY"), help="bearer token (default: $CODE2WAV_API_KEY)")
     p.add_argument("--json", default=None, help="also write the summary here")
 
@@ -162,7 +189,8 @@ def _run(url: str, work):
 
 def main(args: argparse.Namespace) -> int:
     chunks = parse_ints(args.chunks, "--chunks")
-    res = _run(args.server, load(args.server, args.streams, args.seconds, args.frames, chunks, args.prefix, args.api_key))
+    res = _run(args.server, load(args.server, args.streams, args.seconds, args.frames, chunks, args.prefix, args.api_key,
+                                 reuse=args.reuse_connections))
     summary = res.summary()
     if args.json:
         with open(args.json, "w") as f:

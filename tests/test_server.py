@@ -242,6 +242,7 @@ BAD_OPEN = {
     "unknown_op": (json.dumps({"op": "hello"}), "unknown_op", 1003),
     "bad_format": (json.dumps({"op": "open", "format": "mp3"}), "bad_format", 1003),
     "bad_request_id": (json.dumps({"op": "open", "request_id": 7}), "bad_request_id", 1003),
+    "bad_keep_open": (json.dumps({"op": "open", "keep_open": "yes"}), "bad_message", 1003),
     "prefix_out_of_range": (json.dumps({"op": "open", "prefix": [[5000] * 16]}), "out_of_range", 1003),
     "prefix_wrong_shape": (json.dumps({"op": "open", "prefix": [[1, 2]]}), "bad_shape", 1003),
 }
@@ -259,6 +260,90 @@ def test_ws_errors_at_open(server, client, case):
         with pytest.raises(Exception) as ei:
             ws.recv(timeout=30)
         assert ei.value.rcvd.code == close
+    wait_slots_free(client)
+
+
+# -- a connection that carries streams one after another (open with keep_open) ------------------------
+
+
+def test_streams_one_after_another_on_a_kept_connection_are_exact(server, client, model32):
+    """Each stream of a kept connection is its own stream: its own id and ``done``, with or
+    without a prefix, in either format, its audio the engine's; the connection stays open after
+    each ``done``, and each stream counts once in the stream requests."""
+    jobs = [(codes_of(30, seed=21), None, "f32le", (1, 25)), (codes_of(26, seed=22), codes_of(12, seed=23), "pcm_s16le", (5, 9)),
+            (codes_of(3, seed=24), None, "f32le", (3,))]
+    before = metric(client.metrics(), 'code2wav_requests_total{endpoint="stream"}')
+
+    async def go():
+        out = []
+        async with AsyncClient(server.url) as c, c.connection() as conn:
+            for codes, prefix, fmt, chunks in jobs:
+                async with conn.stream(prefix=prefix, format=fmt) as s:
+                    pieces, at, i = [], 0, 0
+                    while at < len(codes):
+                        n = chunks[min(i, len(chunks) - 1)]
+                        await s.push(codes[at : at + n])
+                        pieces.append(await s.recv_audio())
+                        at, i = at + n, i + 1
+                    rest, done = await s.end()
+                    out.append((np.concatenate(pieces + [rest]), done, s.request_id))
+                assert conn.ws.state.name == "OPEN"  # left open for the next one
+        return out
+
+    got = asyncio.run(go())
+    for (codes, prefix, fmt, chunks), (audio, done, rid) in zip(jobs, got):
+        ref = reference(model32, codes, prefix, chunks)
+        if fmt == "f32le":
+            assert audio.tobytes() == ref.tobytes()
+        else:
+            np.testing.assert_array_equal(audio, to_int16(torch.from_numpy(ref)))
+        assert done["request_id"] == rid and done["frames"] == len(codes)
+    assert len({rid for _, _, rid in got}) == 3
+    wait_slots_free(client)
+    assert metric(client.metrics(), 'code2wav_requests_total{endpoint="stream"}') == before + 3
+
+
+def test_a_kept_connection_is_bounded_by_the_idle_timeout_between_streams(limited):
+    """After a kept stream's ``done`` the connection waits for the next ``open`` no longer than
+    a new connection would: ``idle_timeout``, close 1008, and no slot held meanwhile."""
+    from websockets.sync.client import connect
+
+    url = limited.url.replace("http://", "ws://") + "/v1/stream"
+    with connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}, compression=None) as ws:
+        ws.send(json.dumps({"op": "open", "keep_open": True}))
+        assert json.loads(ws.recv(timeout=30))["type"] == "opened"
+        ws.send(json.dumps({"op": "end"}))
+        assert json.loads(ws.recv(timeout=30))["type"] == "done"
+        with Client(limited.url, api_key=KEY) as c:
+            wait_slots_free(c)  # between streams, the connection holds no slot
+        err = json.loads(ws.recv(timeout=30))
+        assert (err["type"], err["code"]) == ("error", "idle_timeout"), err
+        with pytest.raises(Exception) as ei:
+            ws.recv(timeout=30)
+        assert ei.value.rcvd.code == 1008
+
+
+def test_an_error_ends_a_kept_connection_and_its_later_streams_fail(server, client):
+    """A stream on a kept connection that ends in an error closes the connection, as on a
+    connection of its own; the next stream on it fails at once, and no slot is left held."""
+
+    async def go():
+        async with AsyncClient(server.url) as c, c.connection() as conn:
+            async with conn.stream() as s:
+                await s.push(codes_of(2))
+                await s.recv_audio()
+                await s.end()
+            with pytest.raises(ServerError) as first:
+                async with conn.stream() as s:
+                    await s.send_raw(b"\x00" * 7)  # not a whole number of frames
+                    await s.recv_audio()
+            with pytest.raises(ServerError):  # the connection is closed
+                async with conn.stream() as s:
+                    await s.push(codes_of(2))
+                    await s.recv_audio()
+            return first.value.code
+
+    assert asyncio.run(go()) == "bad_shape"
     wait_slots_free(client)
 
 
@@ -404,13 +489,16 @@ def test_load_many_concurrent_streams(server, client, model32):
     print(f"{n_streams} streams x {frames} frames in {elapsed:.2f} s")
 
 
-def test_loadtest_command_bounded_run(server, client, tmp_path, capsys):
-    """``code2wav loadtest``: 8 workers for 2 s against the live server: streams served, no
-    errors, every slot free again, and the server's memory reported at start and end."""
+@pytest.mark.parametrize("reuse", [[], ["--reuse-connections"]], ids=["a-connection-each", "kept-connections"])
+def test_loadtest_command_bounded_run(server, client, tmp_path, capsys, reuse):
+    """``code2wav loadtest``: 8 workers for 2 s against the live server, each stream on its own
+    connection or one after another on the worker's: streams served, no errors, every slot free
+    again, and the server's memory reported at start and end."""
     from code2wav.cli import main
 
     out = tmp_path / "load.json"
-    rc = main(["loadtest", "--server", server.url, "--streams", "8", "--seconds", "2", "--frames", "12", "--chunks", "1,5", "--json", str(out)])
+    rc = main(["loadtest", "--server", server.url, "--streams", "8", "--seconds", "2", "--frames", "12", "--chunks", "1,5", "--json", str(out),
+               *reuse])
     summary = json.loads(out.read_text())
     assert rc == 0 and summary["errors"] == {}
     assert summary["streams_served"] >= 8

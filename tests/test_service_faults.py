@@ -206,16 +206,24 @@ def test_a_failed_worker_loop_fails_queued_chunks_and_every_later_call():
 
 
 def test_sigterm_ends_streams_with_shutdown_answers_503_while_draining_and_exits_0(servers):
+    """A stream in flight and a kept connection waiting for its next ``open`` both hear
+    ``shutdown`` (close 1012); an HTTP request in flight is served in full; exit 0."""
     s = servers["draining"]
-    with ws_connect(s.url) as ws:
-        _drain(s, opened(ws))
+    with ws_connect(s.url) as ws, ws_connect(s.url) as kept:
+        kept.send(json.dumps({"op": "open", "keep_open": True}))
+        assert json.loads(kept.recv(timeout=DEADLINE))["type"] == "opened"
+        kept.send(json.dumps({"op": "end"}))
+        assert json.loads(kept.recv(timeout=DEADLINE))["type"] == "done"  # now between streams
+        _drain(s, opened(ws), connections=2)
+        err, code = error_then_close(kept)
+        assert (err["type"], err["code"], code) == ("error", "shutdown", 1012)
 
 
-def _drain(s: Server, ws) -> None:
+def _drain(s: Server, ws, connections: int = 1) -> None:
     ws.send(frames_bytes(2))
     assert len(ws.recv(timeout=DEADLINE)) == 2 * 1920 * 2
     held = HeldPost(s.url, random_codes(5, seed=3).numpy())
-    wait_for(lambda: metric(s.url, "code2wav_requests_in_flight") == 2, "the held request in flight")
+    wait_for(lambda: metric(s.url, "code2wav_requests_in_flight") == connections + 1, "the held request in flight")
 
     s.proc.send_signal(signal.SIGTERM)
     err, code = error_then_close(ws)

@@ -15,6 +15,6 @@ close code (``close_code``) or over HTTP the status (``status``).
 
 from code2wav.client.common import DEFAULT_URL, SAMPLE_DTYPES, ServerError, frames_bytes
 from code2wav.client.http import AsyncClient, Client
-from code2wav.client.ws import AsyncStream, Stream
+from code2wav.client.ws import AsyncConnection, AsyncStream, Stream
 
-__all__ = ["DEFAULT_URL", "SAMPLE_DTYPES", "AsyncClient", "AsyncStream", "Client", "ServerError", "Stream", "frames_bytes"]
+__all__ = ["DEFAULT_URL", "SAMPLE_DTYPES", "AsyncClient", "AsyncConnection", "AsyncStream", "Client", "ServerError", "Stream", "frames_bytes"]

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 import numpy as np
 
 from code2wav.client.common import DEFAULT_URL, ServerError, _codes_list, _headers
-from code2wav.client.ws import AsyncStream, Stream, _ws_url
+from code2wav.client.ws import AsyncConnection, AsyncStream, Stream, _ws_url
 
 
 def _decode_body(codes, prefix, format: str, stream: bool) -> dict:
@@ -145,6 +145,10 @@ class AsyncClient:
 
     def stream(self, request_id: str | None = None, prefix=None, format: str = "pcm_s16le", open_timeout: float = 10) -> AsyncStream:
         return AsyncStream(_ws_url(self.base_url), self.api_key, request_id, prefix, format, open_timeout)
+
+    def connection(self, open_timeout: float = 10) -> AsyncConnection:
+        """A WebSocket connection for streams one after another (``async with``, then its ``stream``)."""
+        return AsyncConnection(_ws_url(self.base_url), self.api_key, open_timeout)
 
     async def stream_decode(self, codes, chunks: Sequence[int] = (25,), prefix=None, format: str = "pcm_s16le", binary: bool = True,
                             request_id: str | None = None):

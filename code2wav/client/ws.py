@@ -37,15 +37,20 @@ def _closed_error(e) -> ServerError:
 class _StreamProtocol:
     """What the sync and async streams share: the protocol's messages, without the I/O."""
 
-    def __init__(self, url: str, api_key: str | None, request_id: str | None, prefix, format: str, open_timeout: float):
+    def __init__(self, url: str, api_key: str | None, request_id: str | None, prefix, format: str, open_timeout: float,
+                 connection: "AsyncConnection | None" = None):
         self.url, self.api_key, self.request_id, self.prefix, self.format = url, api_key, request_id, prefix, format
         self.open_timeout = open_timeout
         self.dtype = SAMPLE_DTYPES[format]
-        self.ws = None
+        self.connection = connection  # a connection that carries streams one after another (async only)
+        self.ws = connection.ws if connection is not None else None
         self.opened: dict | None = None
+        self.done: dict | None = None
 
     def _open_message(self) -> dict:
-        msg = {"op": "open", "format": self.format}
+        msg: dict = {"op": "open", "format": self.format}
+        if self.connection is not None:
+            msg["keep_open"] = True
         if self.request_id is not None:
             msg["request_id"] = self.request_id
         if self.prefix is not None:
@@ -74,6 +79,7 @@ class _StreamProtocol:
             pieces.append(np.frombuffer(msg, dtype=self.dtype))
             return None
         if msg.get("type") == "done":
+            self.done = msg
             return (np.concatenate(pieces) if pieces else np.zeros(0, self.dtype)), msg
         raise ServerError("protocol", f"unexpected message {msg!r}")
 
@@ -162,7 +168,9 @@ class AsyncStream(_StreamProtocol):
     async def __aenter__(self) -> "AsyncStream":
         from websockets.asyncio.client import connect
 
-        self.ws = await connect(self.url, additional_headers=_headers(self.api_key), open_timeout=self.open_timeout, max_size=None, compression=None)
+        if self.connection is None:
+            self.ws = await connect(self.url, additional_headers=_headers(self.api_key), open_timeout=self.open_timeout, max_size=None,
+                                    compression=None)
         try:
             await self.send_json(self._open_message())
             self._accept_opened(await self.recv())
@@ -172,7 +180,10 @@ class AsyncStream(_StreamProtocol):
         return self
 
     async def __aexit__(self, *exc) -> None:
-        await self.close()
+        # A stream on a kept connection leaves it open for the next one once its done came;
+        # else (an error, an exit mid-stream) the connection goes with it.
+        if self.connection is None or self.done is None:
+            await self.close()
 
     async def close(self) -> None:
         from websockets.exceptions import ConnectionClosed
@@ -235,3 +246,35 @@ class AsyncStream(_StreamProtocol):
         while (result := self._drained(pieces, await self.recv(timeout))) is None:
             pass
         return result
+
+
+class AsyncConnection:
+    """One WebSocket connection that carries streams one after another: each opens with
+    ``keep_open``, so the server leaves the connection open after its ``done``, and the next
+    stream skips the connection's set-up. A stream that ends any other way (an error, a
+    ``with`` block left mid-stream) closes the connection; later streams on it fail. Use as an
+    async context manager from :meth:`AsyncClient.connection`; :meth:`stream` as
+    :meth:`AsyncClient.stream`."""
+
+    def __init__(self, url: str, api_key: str | None, open_timeout: float):
+        self.url, self.api_key, self.open_timeout = url, api_key, open_timeout
+        self.ws = None
+
+    async def __aenter__(self) -> "AsyncConnection":
+        from websockets.asyncio.client import connect
+
+        self.ws = await connect(self.url, additional_headers=_headers(self.api_key), open_timeout=self.open_timeout, max_size=None,
+                                compression=None)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        if self.ws is not None:
+            try:
+                await self.ws.close()
+            except (ConnectionClosed, OSError):
+                pass
+
+    def stream(self, request_id: str | None = None, prefix=None, format: str = "pcm_s16le") -> AsyncStream:
+        return AsyncStream(self.url, self.api_key, request_id, prefix, format, self.open_timeout, connection=self)

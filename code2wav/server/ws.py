@@ -1,6 +1,7 @@
-"""The WebSocket endpoint ``/v1/stream``: one :class:`_WsSession` per connection, one stream per
-session. Every WebSocket error ends that connection's stream and frees its slot; other
-connections are unaffected. When the service drains (SIGTERM) or fails, every session ends with
+"""The WebSocket endpoint ``/v1/stream``: one :class:`_WsSession` per stream, one stream at a time
+per connection (a stream opened with ``keep_open`` leaves its connection open after its
+``done``, for the next ``open``). Every WebSocket error ends that connection's stream and frees
+its slot, and closes the connection; other connections are unaffected. When the service drains (SIGTERM) or fails, every session ends with
 that error (``shutdown``: close 1012; ``engine_failed``: 1011)."""
 
 from __future__ import annotations
@@ -31,7 +32,13 @@ def stream_endpoint(service: Service, limits: Limits, metrics: _Metrics, authori
         metrics.connections.inc()
         metrics.stream_requests.inc()
         try:
-            await _until_stopped(_WsSession(ws, service, limits, metrics, authorized), service)
+            later = False
+            while True:  # one session a stream; the next only after a keep_open stream's done
+                session = _WsSession(ws, service, limits, metrics, authorized, counted=not later)
+                await _until_stopped(session, service)
+                if not (session.finished and session.keep_open):
+                    break
+                later = True
         finally:
             metrics.connections.dec()
 
@@ -64,7 +71,8 @@ async def _until_stopped(session: _WsSession, service: Service) -> None:
 
 
 class _WsSession:
-    """One WebSocket connection = one stream. A receiver task validates chunks and queues them on
+    """One stream on a WebSocket connection (its first, or the next after a ``keep_open`` one's
+    ``done``). A receiver task validates chunks and queues them on
     the engine; a sender task returns each chunk's audio in order. At most the engine's
     ``max_pending_chunks`` chunks are in flight, a chunk counting until its audio is sent; past
     that the receiver stops reading (TCP backpressure instead of an error). So a client that does
@@ -73,13 +81,16 @@ class _WsSession:
     engine's worker turns each chunk's audio into the stream's wire format, so the event loop
     only moves bytes."""
 
-    def __init__(self, ws: WebSocket, service: Service, limits: Limits, metrics: _Metrics, authorized: Callable[[str | None], bool]):
+    def __init__(self, ws: WebSocket, service: Service, limits: Limits, metrics: _Metrics, authorized: Callable[[str | None], bool],
+                 counted: bool = True):
         self.ws, self.service, self.limits, self.metrics, self.authorized = ws, service, limits, metrics, authorized
+        self.counted = counted  # in the stream requests: a connection's first at its handshake, a later one at its open
         self.Q, self.SIZE = service.num_quantizers, service.codebook_size
         self.rid: str | None = None
         self.opened = self.finished = self.released = False
         self.ending = False  # its error message is being sent
         self.fmt = "pcm_s16le"
+        self.keep_open = False  # after done, wait for the next open instead of closing
         self.frames_in = self.frames_out = self.samples = 0
         self.outstanding = 0  # chunks pushed whose audio is not sent yet
         self.encode = None  # audio -> wire bytes, set on open
@@ -207,6 +218,9 @@ class _WsSession:
 
     async def _open(self, msg: tuple[str, object]) -> None:
         kind, data = msg
+        if not self.counted:
+            self.counted = True
+            self.metrics.stream_requests.inc()
         if kind == "bytes":
             raise ServiceError("not_open", "send {\"op\":\"open\"} before any frames")
         obj = self._json(data)  # type: ignore[arg-type]
@@ -220,6 +234,9 @@ class _WsSession:
             rid = f"ws-{uuid.uuid4().hex}"
         if not isinstance(rid, str) or not rid or len(rid) > MAX_REQUEST_ID_CHARS:
             raise ServiceError("bad_request_id", f"request_id must be a non-empty string of at most {MAX_REQUEST_ID_CHARS} characters")
+        keep_open = obj.get("keep_open", False)
+        if not isinstance(keep_open, bool):
+            raise ServiceError("bad_message", "keep_open must be true or false")
         fmt = obj.get("format", "pcm_s16le")
         if fmt not in RAW_FORMATS:
             raise ServiceError("bad_format", f"format {fmt!r}: expected one of {', '.join(RAW_FORMATS)}")
@@ -231,7 +248,7 @@ class _WsSession:
                 raise ServiceError(e.code, str(e)) from None
         self.t_open = time.perf_counter()
         await self.service.open(rid, prefix)
-        self.rid, self.fmt, self.opened = rid, fmt, True
+        self.rid, self.fmt, self.opened, self.keep_open = rid, fmt, True, keep_open
         self.encode = functools.partial(raw_bytes, fmt=fmt)
         self.sample_bytes = 2 if fmt == "pcm_s16le" else 4
         self.t_opened = time.perf_counter()
@@ -331,5 +348,6 @@ class _WsSession:
             },
         }
         await self._send(lambda: self.ws.send_json(done))
-        await self._send(lambda: self.ws.close(1000))
+        if not self.keep_open:
+            await self._send(lambda: self.ws.close(1000))
 
