@@ -28,16 +28,23 @@ def test_hits_and_misses_equal_the_forward():
     assert stats["hits"] == 1 and stats["misses"] == 1 and stats["entries"] == 1 and 0 < stats["bytes"] <= 64 << 20
 
 
-def test_a_hit_and_a_miss_in_one_step_with_a_cold_stream_beside_them():
-    m = model(SMALL, torch.float64)
+def hit_miss_cold(m):
+    """An engine whose cache holds one voice, with three streams open: ``hit`` (that voice),
+    ``miss`` (another prefix) and ``cold`` (none); and (voice, other, tail) codes."""
     voice, other = random_codes(20, SMALL, seed=8), random_codes(12, SMALL, seed=9)
     tail = random_codes(10, SMALL, seed=10)
+    engine = StreamEngine(m, max_streams=4, prefix_cache_bytes=64 << 20)
+    stream_alone(engine, "warm", torch.cat([voice, tail]), 20, 2, [2])  # puts the voice in the cache
+    engine.open("hit", voice)
+    engine.open("miss", other)
+    engine.open("cold")
+    return engine, (voice, other, tail)
+
+
+def test_a_hit_and_a_miss_in_one_step_with_a_cold_stream_beside_them():
+    m = model(SMALL, torch.float64)
     with one_thread():
-        engine = StreamEngine(m, max_streams=4, prefix_cache_bytes=64 << 20)
-        stream_alone(engine, "warm", torch.cat([voice, tail]), 20, 2, [2])  # puts the voice in the cache
-        engine.open("hit", voice)
-        engine.open("miss", other)
-        engine.open("cold")
+        engine, (voice, other, tail) = hit_miss_cold(m)
         out = engine.decode({"hit": tail[:5], "miss": tail[:7], "cold": tail[:1]})
     assert (out["hit"] - forward_audio(m, torch.cat([voice, tail]))[20 * SPF : 25 * SPF]).abs().max() <= 1e-9
     assert (out["miss"] - forward_audio(m, torch.cat([other, tail]))[12 * SPF : 19 * SPF]).abs().max() <= 1e-9
@@ -50,14 +57,8 @@ def test_a_hits_first_chunk_gathers_like_a_fresh_streams_and_a_misss_does_not():
     a prefilled stream's first chunk does not, as its prefill already batched it with the others
     joining. A stream whose state came from the cache had no prefill: its first chunk gathers,
     as a fresh stream's does; its later chunks do not."""
-    m = model(SMALL, torch.float32)
-    voice, other, tail = random_codes(20, SMALL, seed=8), random_codes(12, SMALL, seed=9), random_codes(10, SMALL, seed=10)
     with one_thread():
-        engine = StreamEngine(m, max_streams=4, prefix_cache_bytes=64 << 20)
-        stream_alone(engine, "warm", torch.cat([voice, tail]), 20, 2, [2])  # puts the voice in the cache
-        engine.open("hit", voice)
-        engine.open("miss", other)
-        engine.open("cold")
+        engine, (_, _, tail) = hit_miss_cold(model(SMALL, torch.float32))
         rows = engine._admit({"hit": tail[:1], "miss": tail[:1], "cold": tail[:1]}, lambda rid, e: pytest.fail(f"{rid}: {e}"))
         assert {r.stream.request_id: r.gathers for r in rows} == {"hit": True, "miss": False, "cold": True}
         later = engine._admit({"hit": tail[1:3]}, lambda rid, e: pytest.fail(f"{rid}: {e}"))
