@@ -177,10 +177,7 @@ class StreamEngine(Lifecycle):
                 try:
                     st = self._get(rid)
                     first = not st.started
-                    # A stream with a reference prefix is prefilled with the others joining now,
-                    # and their first chunks run together anyway: its first chunk does not wait
-                    # (unless its state comes from the prefix cache: below).
-                    rows.append(Row(st, self._frames(payload, f"stream {rid!r}"), first=first, gathers=first and st.prefix is None))
+                    rows.append(Row(st, self._frames(payload, f"stream {rid!r}"), first=first, gathers=first))
                     st.started = True
                 except (StreamError, CodesError) as e:
                     refuse(rid, e)
@@ -188,10 +185,13 @@ class StreamEngine(Lifecycle):
         waiting = list({id(r.stream): r.stream for r in rows if r.stream.prefix is not None}.values())
         if waiting:
             try:
-                restored = {id(st) for st in self.prefill(waiting)}
-                for r in rows:  # no prefill batched these: their first chunks gather as fresh streams' do
-                    if r.first and id(r.stream) in restored:
-                        r.gathers = True
+                # A stream prefilled now was batched with the others joining now, and their
+                # first chunks run together anyway: its first chunk does not wait. (One whose
+                # state came from the prefix cache had no prefill: it waits as a fresh one does.)
+                prefilled = {id(st) for st in self.prefill(waiting)}
+                for r in rows:
+                    if id(r.stream) in prefilled:
+                        r.gathers = False
             except BaseException as e:  # their state is half written: those streams end here
                 with self._lock:
                     for st in waiting:

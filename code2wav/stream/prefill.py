@@ -60,11 +60,11 @@ class Prefill:
     def __call__(self, streams: list[Stream]) -> list[Stream]:
         """Prefill every stream's ``prefix`` into its slot (and clear it): from the cache where it
         holds that prefix, else in batches of ``self.rows`` (and then kept in the cache).
-        Returns the streams whose state came from the cache (no prefill pass ran for them)."""
+        Returns the streams a prefill pass ran for (not those restored from the cache)."""
         if self.cache is None:
             self._prefill(streams)
-            return []
-        misses, hits = [], []
+            return streams
+        misses = []
         for st in streams:
             state = self.cache.get(st.prefix)
             if state is None:
@@ -72,11 +72,11 @@ class Prefill:
             else:
                 self.pool.restore(st.slot, state)
                 st.prefix = None
-                hits.append(st)
-        self._prefill([st for st, _ in misses])
+        prefilled = [st for st, _ in misses]
+        self._prefill(prefilled)
         for st, codes in misses:
             self.cache.put(codes, self.pool.snapshot(st.slot))
-        return hits
+        return prefilled
 
     def _prefill(self, streams: list[Stream]) -> None:
         K, step, pin = self.back_context, self.max_step_frames, self.device.type == "cuda"
