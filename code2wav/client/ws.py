@@ -29,6 +29,24 @@ def _error_from_text(text: str) -> ServerError | None:
     return None
 
 
+async def _connect(url: str, api_key: str | None, open_timeout: float):
+    """An asyncio WebSocket connection to ``/v1/stream``: no compression, no message size cap."""
+    from websockets.asyncio.client import connect
+
+    return await connect(url, additional_headers=_headers(api_key), open_timeout=open_timeout, max_size=None, compression=None)
+
+
+async def _close_quietly(ws) -> None:
+    """Close ``ws`` (if any); one the server closed or the network dropped is closed already."""
+    from websockets.exceptions import ConnectionClosed
+
+    if ws is not None:
+        try:
+            await ws.close()
+        except (ConnectionClosed, OSError):
+            pass
+
+
 def _closed_error(e) -> ServerError:
     code = e.rcvd.code if e.rcvd else None
     return ServerError("closed", f"connection closed ({code})", close_code=code)
@@ -166,11 +184,8 @@ class AsyncStream(_StreamProtocol):
     """One WebSocket stream (asyncio). Use as an async context manager from :meth:`AsyncClient.stream`."""
 
     async def __aenter__(self) -> "AsyncStream":
-        from websockets.asyncio.client import connect
-
         if self.connection is None:
-            self.ws = await connect(self.url, additional_headers=_headers(self.api_key), open_timeout=self.open_timeout, max_size=None,
-                                    compression=None)
+            self.ws = await _connect(self.url, self.api_key, self.open_timeout)
         try:
             await self.send_json(self._open_message())
             self._accept_opened(await self.recv())
@@ -186,13 +201,7 @@ class AsyncStream(_StreamProtocol):
             await self.close()
 
     async def close(self) -> None:
-        from websockets.exceptions import ConnectionClosed
-
-        if self.ws is not None:
-            try:
-                await self.ws.close()
-            except (ConnectionClosed, OSError):
-                pass
+        await _close_quietly(self.ws)
 
     async def send_json(self, obj) -> None:
         await self.send_raw(json.dumps(obj))
@@ -261,20 +270,11 @@ class AsyncConnection:
         self.ws = None
 
     async def __aenter__(self) -> "AsyncConnection":
-        from websockets.asyncio.client import connect
-
-        self.ws = await connect(self.url, additional_headers=_headers(self.api_key), open_timeout=self.open_timeout, max_size=None,
-                                compression=None)
+        self.ws = await _connect(self.url, self.api_key, self.open_timeout)
         return self
 
     async def __aexit__(self, *exc) -> None:
-        from websockets.exceptions import ConnectionClosed
-
-        if self.ws is not None:
-            try:
-                await self.ws.close()
-            except (ConnectionClosed, OSError):
-                pass
+        await _close_quietly(self.ws)
 
     def stream(self, request_id: str | None = None, prefix=None, format: str = "pcm_s16le") -> AsyncStream:
         return AsyncStream(self.url, self.api_key, request_id, prefix, format, self.open_timeout, connection=self)
