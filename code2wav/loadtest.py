@@ -91,10 +91,14 @@ async def one_stream(client: AsyncClient | AsyncConnection, rng: np.random.Gener
             await s.end()
         res.streams_served += 1
         return None
-    except ServerError as e:
-        err = e
-    except (OSError, WebSocketException) as e:  # refused or dropped mid-run (the server stopped, say)
-        err = ServerError("connection", f"{type(e).__name__}: {e}")
+    except (ServerError, OSError, WebSocketException) as e:
+        return _failed(res, e)
+
+
+def _failed(res: LoadResult, e: Exception) -> ServerError:
+    """The error that ended a stream or its connection, counted in ``res``: the server's own, or
+    ``connection`` for one refused or dropped mid-run (the server stopped, say)."""
+    err = e if isinstance(e, ServerError) else ServerError("connection", f"{type(e).__name__}: {e}")
     res.errors[err.code] = res.errors.get(err.code, 0) + 1
     return err
 
@@ -111,9 +115,7 @@ async def kept_streams(client: AsyncClient, rng: np.random.Generator, frames: in
                 if err is not None:
                     return err
     except (OSError, WebSocketException) as e:  # the connection itself refused or lost
-        err = ServerError("connection", f"{type(e).__name__}: {e}")
-        res.errors[err.code] = res.errors.get(err.code, 0) + 1
-        return err
+        return _failed(res, e)
     return None
 
 
