@@ -1,14 +1,14 @@
 """Graphs captured while the engine serves, so that a cold start answers in seconds.
 
-Capturing a graph is quick. The first run of each new step shape is what costs: Triton loads
-or compiles the kernels of that specialisation, cuDNN makes its plans. A serve start has
-dozens of shapes, so capturing them all before serving keeps the first request waiting for
-about a minute. With ``EngineConfig.graph_capture = "background"`` the service answers at
+Capturing a graph is quick. The first run of each new step shape is what costs: cuDNN makes its
+plans for each convolution, Triton loads (or compiles) the kernels of that specialisation. A
+serve start has dozens of shapes, so capturing them all before serving keeps the first request
+waiting for all of their first runs. With ``EngineConfig.graph_capture = "background"`` the service answers at
 once. A :class:`Warmup` thread gives each planned shape its first runs, eagerly, on its own
 CUDA stream, off the scratch slot, so no stream's state changes. It then hands the shape to the
 engine's worker, which captures it between two steps, where nothing else is on the GPU queue.
-Steps whose graph is not in yet run eagerly (the runner's counted ``not captured`` fallback),
-and the audio is exact either way. ``/health`` reports ``warming`` until the last graph is in,
+Steps whose graph is not in yet run eagerly, in the instant forms (the runner's counted ``not
+captured`` fallback, kernels/instant.py), and the audio is exact either way. ``/health`` reports ``warming`` until the last graph is in,
 then ``ready``. Only one shape is between its warm-up and its capture at any time, so a capture
 never overlaps a warm-up.
 """

@@ -1,8 +1,9 @@
 """The WebSocket endpoint ``/v1/stream``: one :class:`_WsSession` per stream, one stream at a time
 per connection (a stream opened with ``keep_open`` leaves its connection open after its
-``done``, for the next ``open``). Every WebSocket error ends that connection's stream and frees
-its slot, and closes the connection; other connections are unaffected. When the service drains (SIGTERM) or fails, every session ends with
-that error (``shutdown``: close 1012; ``engine_failed``: 1011)."""
+``done``, for the next ``open``). Every WebSocket error ends that connection's stream, frees its
+slot and closes the connection; other connections are unaffected. When the service drains
+(SIGTERM) or fails, every session ends with that error (``shutdown``: close 1012;
+``engine_failed``: 1011)."""
 
 from __future__ import annotations
 
