@@ -126,7 +126,7 @@ class GraphRunner(EagerRunner):
             self._capture_shape(stream, shape)
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
-        self.pool_bytes = self.memory_bytes()
+        self._graphs_changed()
 
     def plan(self, prefill_shapes: list[tuple[str, int, int]] = ()) -> list[tuple[str, int, int]]:
         """Every graph :meth:`capture` makes, in :func:`capture_order`."""
@@ -154,7 +154,11 @@ class GraphRunner(EagerRunner):
         self._capture_shape(stream, shape)
         torch.cuda.current_stream().wait_stream(stream)
         stream.synchronize()
-        self._shapes.clear()  # padded_shape's answers change with every graph in
+        self._graphs_changed()
+
+    def _graphs_changed(self) -> None:
+        """After graphs went in: padded_shape's answers change with them, and the pool grew."""
+        self._shapes.clear()
         self.pool_bytes = self.memory_bytes()
 
     def _shape_inputs(self, shape: tuple[str, int, int]) -> tuple:
