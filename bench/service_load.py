@@ -3,7 +3,8 @@ one client's event loop is the limit, their figures summed.
 
 ``python3 bench/service_load.py URL PROCS STREAMS_PER_PROC SECONDS [loadtest options ...]``
 prints one JSON line: the streams, the summed throughput (audio s per wall s), the client-side
-first packet (the processes' p50s averaged by streams served, the worst p99), errors by code, and each process's summary.
+first packet (the processes' p50s averaged by streams served, the worst p99), errors by code, the
+server's steps over the first process's run (``LoadResult.server_rates``), and each process's summary.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def main(argv: list[str]) -> int:
     print(json.dumps({"streams": int(procs) * int(per), "procs": int(procs), "exit": codes,
                       "throughput_x": sum(r["throughput_x"] for r in runs), "ttfp_p50_ms": mean("ttfp_p50_ms"),
                       "ttfp_p99_ms": max((r["ttfp_p99_ms"] for r in runs), default=None), "streams_served": sum(weights), "errors": errors,
+                      "server": runs[0].get("server", {}) if runs else {},  # the whole server's, over the first client's run
                       "runs": runs}))
     return 0 if runs and all(c == 0 for c in codes) else 1
 

@@ -27,5 +27,16 @@ def to_f32(wav: Tensor | np.ndarray) -> np.ndarray:
 
 def to_int16(wav: Tensor | np.ndarray) -> np.ndarray:
     """Samples (any float dtype, bfloat16 included) -> int16 little-endian,
-    ``round(clip(x, -1, 1) * 32767)``, halves rounded to even."""
+    ``round(clip(x, -1, 1) * 32767)``, halves rounded to even. int16 samples (a stream opened
+    with ``pcm16``: :func:`quantize16` ran on the device) are already quantized: as they are."""
+    if isinstance(wav, Tensor) and wav.dtype == torch.int16:
+        return wav.detach().cpu().numpy().astype("<i2", copy=False)
     return np.rint(np.clip(to_f32(wav), -1.0, 1.0) * INT16_SCALE).astype("<i2")
+
+
+def quantize16(wav: Tensor) -> Tensor:
+    """:func:`to_int16`'s rule in torch ops, on the samples' own device: the engine quantizes a
+    ``pcm16`` stream's audio where the step decoded it, so the host only copies int16 down
+    instead of widening and rounding every sample between two steps. The same integers: float32
+    arithmetic either way, and ``torch.round`` rounds halves to even as ``np.rint`` does."""
+    return torch.round(wav.float().clamp(-1.0, 1.0).mul_(INT16_SCALE)).to(torch.int16)

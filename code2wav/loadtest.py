@@ -32,6 +32,7 @@ SPF, SR = 1920, 24000
 RETRY_CODES = ("pool_full", "queue_full", "connection")  # refusals a worker waits out before its next stream
 RETRY_AFTER_S = 1.0  # without a Retry-After (a WebSocket close 1013 carries none): the server's own on 503 (Limits.retry_after_s)
 MAX_RETRY_AFTER_S = 10.0  # however long a server asks for, a worker tries again within this
+STEP_COUNTERS = ("code2wav_steps_total", "code2wav_step_rows_total", "code2wav_step_seconds_sum")  # LoadResult.server_rates
 
 
 @dataclass
@@ -50,13 +51,26 @@ class LoadResult:
         d.pop("ttfp_ms")
         t = np.asarray(self.ttfp_ms) if self.ttfp_ms else np.asarray([np.nan])
         d.update(ttfp_p50_ms=float(np.percentile(t, 50)), ttfp_p99_ms=float(np.percentile(t, 99)),
-                 throughput_x=self.audio_s / self.seconds if self.seconds else 0.0)
+                 throughput_x=self.audio_s / self.seconds if self.seconds else 0.0, server=self.server_rates())
         return d
+
+    def server_rates(self) -> dict[str, float]:
+        """The server's steps over the run, from its counters at the start and the end (the whole
+        server's, other clients' streams included): steps a second, rows a step, and the share
+        of the wall its steps took (``device_busy_pct``: GPU time on CUDA). A service that holds
+        less than the in-process engine with its device busy less is starving it on the host."""
+        a, b = self.server_before, self.server_after
+        if not self.seconds or any(k not in a or k not in b for k in STEP_COUNTERS):
+            return {}
+        steps = b["code2wav_steps_total"] - a["code2wav_steps_total"]
+        return {"steps_per_s": steps / self.seconds,
+                "rows_per_step": (b["code2wav_step_rows_total"] - a["code2wav_step_rows_total"]) / steps if steps else 0.0,
+                "device_busy_pct": 100 * (b["code2wav_step_seconds_sum"] - a["code2wav_step_seconds_sum"]) / self.seconds}
 
 
 async def server_gauges(client: AsyncClient) -> dict[str, float]:
     """The few /metrics samples a load test reports (memory, pool use, errors so far)."""
-    want = ("process_resident_memory_bytes", "code2wav_pool_slots_in_use", "code2wav_active_streams")
+    want = ("process_resident_memory_bytes", "code2wav_pool_slots_in_use", "code2wav_active_streams", *STEP_COUNTERS)
     out: dict[str, float] = {}
     for line in (await client.metrics()).splitlines():
         name, _, value = line.partition(" ")
@@ -202,6 +216,8 @@ def main(args: argparse.Namespace) -> int:
     print(f"TTFP p50 {summary['ttfp_p50_ms']:.1f} ms, p99 {summary['ttfp_p99_ms']:.1f} ms; audio {res.audio_s:.1f}s ({summary['throughput_x']:.1f}x real time)")
     print(f"server RSS {mb(res.server_before):.0f} MiB -> {mb(res.server_after):.0f} MiB; slots in use "
           f"{res.server_before.get('code2wav_pool_slots_in_use')} -> {res.server_after.get('code2wav_pool_slots_in_use')}")
+    if rates := summary["server"]:
+        print(f"server steps {rates['steps_per_s']:.0f}/s, {rates['rows_per_step']:.1f} rows a step, device busy {rates['device_busy_pct']:.0f} % of the wall")
     return 1 if res.errors else 0
 
 

@@ -233,6 +233,40 @@ def test_openapi_describes_the_body_and_query(ckpt):
     assert "422" not in op["responses"]  # validation failures answer the protocol's 400s
 
 
+@pytest.mark.filterwarnings("ignore:Using `httpx`")  # starlette's test client, not the service
+def test_16_bit_formats_are_quantized_by_the_engine(ckpt, monkeypatch):
+    """A 16-bit format's stream (``pcm_s16le`` on the WebSocket; ``pcm``, ``wav``, ``flac`` over
+    HTTP) opens with ``pcm16``, so the engine quantizes its audio where the step ran and the
+    worker only copies bytes; an ``f32le`` stream gets float samples."""
+    from starlette.testclient import TestClient
+
+    from code2wav.engine.build import EngineConfig, build_async_engine
+    from code2wav.server.app import create_app
+    from code2wav.stream.lifecycle import Lifecycle
+
+    seen: list[bool] = []
+    real = Lifecycle.open
+
+    def spy(self, request_id, prefix=None, pcm16=False):
+        seen.append(pcm16)
+        return real(self, request_id, prefix, pcm16=pcm16)
+
+    monkeypatch.setattr(Lifecycle, "open", spy)
+    frames = [[k % 7] * 16 for k in range(3)]
+    with TestClient(create_app(build_async_engine(EngineConfig(model=str(ckpt), max_streams=1, graphs=False)))) as c:
+        for fmt, width in (("pcm_s16le", 2), ("f32le", 4)):
+            with c.websocket_connect("/v1/stream") as ws:
+                ws.send_json({"op": "open", "format": fmt})
+                assert ws.receive_json()["type"] == "opened"
+                ws.send_json({"op": "push", "frames": frames})
+                assert len(ws.receive_bytes()) == 3 * 1920 * width
+                ws.send_json({"op": "end"})
+                assert ws.receive_json()["type"] == "done"
+        for fmt in ("pcm", "wav", "flac", "f32le"):
+            assert c.post(f"/v1/decode?format={fmt}", json={"codes": frames}).status_code == 200, fmt
+    assert seen == [True, False, True, True, True, False]
+
+
 def test_the_body_parser_loads_neither_torch_nor_the_web_stack():
     from code2wav.server.audio import HTTP_FORMATS
     from code2wav.server.payloads import HTTP_FORMATS as PARSED_FORMATS

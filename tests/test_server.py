@@ -506,8 +506,13 @@ def test_loadtest_command_bounded_run(server, client, tmp_path, capsys, reuse):
     assert summary["ttfp_p50_ms"] <= summary["ttfp_p99_ms"]
     assert summary["server_before"]["process_resident_memory_bytes"] > 0
     assert summary["server_after"]["process_resident_memory_bytes"] > 0
+    rates = summary["server"]  # the server's own counters over the run: its steps carried the streams' chunks
+    assert rates["steps_per_s"] * summary["seconds"] >= summary["streams_served"] * 3 / 8  # 3 chunks a stream, at most 8 rows a step
+    assert 1 <= rates["rows_per_step"] <= 8
+    assert 0 < rates["device_busy_pct"] <= 110  # steps run one at a time: their sum fits in the wall (the window's edges aside)
     wait_slots_free(client)
-    assert "streams served" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "streams served" in out and "rows a step" in out
 
 
 def test_bench_through_the_service(server, tmp_path):

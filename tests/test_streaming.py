@@ -586,6 +586,45 @@ def test_float16_overflow_ends_only_that_stream():
     assert torch.isfinite(engine.push("good", good[:2])).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_pcm16_streams_get_their_float_audio_quantized_by_the_one_rule(dtype):
+    """A stream opened with ``pcm16`` gets int16 samples, quantized where its step ran: exactly
+    ``to_int16`` of the float samples the same stream gets without it, in steps that hold float
+    rows too and in steps of pcm16 rows alone, with and without a prefix, a chunk longer than a
+    step's piece included (its pieces joined)."""
+    from code2wav.audio import to_int16
+
+    m = model(SMALL, dtype)
+    codes = random_codes(120, SMALL, seed=11)
+    engine = StreamEngine(m, max_streams=4, max_step_frames=8)
+    for rid, pfx, pcm16 in (("f", 10, False), ("q", 10, True), ("f0", 0, False), ("q0", 0, True)):
+        engine.open(rid, codes[:pfx] if pfx else None, pcm16=pcm16)
+    outs: dict[str, list[torch.Tensor]] = {rid: [] for rid in ("f", "q", "f0", "q0")}
+    at = {"f": 10, "q": 10, "f0": 0, "q0": 0}
+    for sizes in ({"f": 1, "q": 1, "f0": 3, "q0": 3}, {"f": 20, "q": 20, "f0": 5, "q0": 5}, {"q": 7, "q0": 2}, {"f": 7, "f0": 2}):
+        batch = {rid: codes[at[rid] : at[rid] + n] for rid, n in sizes.items()}
+        for rid, n in sizes.items():
+            at[rid] += n
+        for rid, audio in engine.decode(batch).items():
+            assert not isinstance(audio, Exception), audio
+            assert audio.dtype == (torch.int16 if rid.startswith("q") else m.dtype), rid
+            outs[rid].append(audio)
+    for f, q, frames in (("f", "q", 28), ("f0", "q0", 10)):
+        fl, pcm = torch.cat(outs[f]), torch.cat(outs[q])
+        assert pcm.shape == fl.shape == (frames * SPF,)
+        assert (pcm != 0).any()
+        assert torch.equal(pcm, torch.from_numpy(to_int16(fl))), q
+
+
+def test_pcm16_streams_of_a_float16_engine_keep_float_samples():
+    """float16's overflow check reads a row's float samples, so its pcm16 streams get those (and
+    ``to_int16`` quantizes them on the host)."""
+    m = model(SMALL, torch.float16, low_rate_dtype=torch.float16)
+    engine = StreamEngine(m, max_streams=1)
+    engine.open("q", pcm16=True)
+    assert engine.push("q", random_codes(3, SMALL, seed=2)).dtype == torch.float16
+
+
 def test_layer_choices_belong_to_the_model(small64):
     """Two models in one process may run different layer forms: a choice set on one reaches
     every layer of it and none of the other's, and both still equal the float64 forward."""

@@ -137,14 +137,15 @@ class AsyncEngine:
     async def __aexit__(self, *exc) -> None:
         await self.stop()
 
-    async def open(self, request_id: str, prefix: object = None) -> None:
+    async def open(self, request_id: str, prefix: object = None, pcm16: bool = False) -> None:
         """Open a stream: validates the prefix and takes a slot (host work, at once, even while
         a step runs). The prefix's prefill runs when the stream's first chunk joins a step,
-        batched with the other streams joining with it."""
+        batched with the other streams joining with it. ``pcm16``: its chunks' audio comes as
+        int16 samples (``Lifecycle.open``)."""
         if self.failure is not None:
             raise EngineFailed(str(self.failure))
         try:
-            self.engine.open(request_id, prefix)
+            self.engine.open(request_id, prefix, pcm16=pcm16)
         except Exception as e:
             self.stats.record_error(getattr(e, "code", type(e).__name__))
             raise

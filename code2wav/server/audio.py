@@ -12,11 +12,12 @@ from torch import Tensor
 
 from code2wav.audio import to_f32, to_int16
 
-__all__ = ["to_int16", "to_f32", "raw_bytes", "wav_header", "encode_file", "media_type", "concat"]
+__all__ = ["INT16_FORMATS", "to_int16", "to_f32", "raw_bytes", "wav_header", "encode_file", "media_type", "concat"]
 
 RAW_FORMATS = ("pcm_s16le", "f32le")
 FILE_FORMATS = ("wav", "flac", "pcm")  # "pcm" is raw pcm_s16le
 HTTP_FORMATS = FILE_FORMATS + ("f32le",)
+INT16_FORMATS = ("pcm_s16le", "pcm", "wav", "flac")  # 16-bit samples: their streams open with pcm16
 MEDIA_TYPES = {"wav": "audio/wav", "flac": "audio/flac", "pcm": "audio/L16", "pcm_s16le": "audio/L16", "f32le": "application/octet-stream"}
 
 

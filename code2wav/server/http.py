@@ -21,7 +21,7 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 
 from code2wav.codes import CodesError
-from code2wav.server.audio import MEDIA_TYPES, concat, encode_file, media_type, raw_bytes, wav_header
+from code2wav.server.audio import INT16_FORMATS, MEDIA_TYPES, concat, encode_file, media_type, raw_bytes, wav_header
 from code2wav.server.metrics import _Metrics
 from code2wav.server.payloads import NPY_TYPES, BodyParser, DecodeBody, DecodeQuery, DecodeRequest, ErrorBody, PayloadError
 from code2wav.server.protocol import Limits, ServiceError, log, service_error
@@ -199,7 +199,7 @@ def decode_endpoint(service: Service, limits: Limits, metrics: _Metrics, check_a
             if not finished:
                 await service.abort_quietly(rid)
 
-        await service.open(rid, req.prefix)
+        await service.open(rid, req.prefix, pcm16=fmt in INT16_FORMATS)
         if req.stream:
             gone.cancel()  # the streamed response watches for the client itself
             return _Streamed(pieces(), on_close, media_type=media_type(fmt, SR), headers=headers)

@@ -164,13 +164,14 @@ class Service:
 
     # -- streams ------------------------------------------------------------------------------
 
-    async def open(self, rid: str, prefix: object) -> None:
-        """Open a stream; a refusal raises its :class:`ServiceError`."""
+    async def open(self, rid: str, prefix: object, pcm16: bool = False) -> None:
+        """Open a stream; a refusal raises its :class:`ServiceError`. ``pcm16``: its audio is
+        returned in a 16-bit format, so the engine quantizes it on the device."""
         if self._closed:
             err = self._closed_error()
             raise ServiceError(err.code, str(err))
         try:
-            await self._engine.open(rid, prefix)
+            await self._engine.open(rid, prefix, pcm16=pcm16)
         except BaseException as e:
             if isinstance(e, asyncio.CancelledError):
                 raise

@@ -18,7 +18,7 @@ from fastapi import WebSocket
 from torch import Tensor
 
 from code2wav.codes import CodesError, as_frames
-from code2wav.server.audio import RAW_FORMATS, raw_bytes
+from code2wav.server.audio import INT16_FORMATS, RAW_FORMATS, raw_bytes
 from code2wav.server.metrics import _Metrics
 from code2wav.server.payloads import PayloadError, parse_json
 from code2wav.server.protocol import MAX_REQUEST_ID_CHARS, WS_CLOSE, Disconnected, Limits, ServiceError, error_body, service_error
@@ -248,7 +248,7 @@ class _WsSession:
             except CodesError as e:
                 raise ServiceError(e.code, str(e)) from None
         self.t_open = time.perf_counter()
-        await self.service.open(rid, prefix)
+        await self.service.open(rid, prefix, pcm16=fmt in INT16_FORMATS)
         self.rid, self.fmt, self.opened, self.keep_open = rid, fmt, True, keep_open
         self.encode = functools.partial(raw_bytes, fmt=fmt)
         self.sample_bytes = 2 if fmt == "pcm_s16le" else 4

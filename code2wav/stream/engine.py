@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from code2wav.audio import quantize16
 from code2wav.codes import CodesError
 from code2wav.model.decoder import Decoder
 from code2wav.stream.lifecycle import Lifecycle
@@ -204,6 +205,14 @@ class StreamEngine(Lifecycle):
                 rows = [r for r in rows if r.stream not in waiting]
         return rows
 
+    def _outputs(self, wav: Tensor, group: Group) -> dict[bool, Tensor]:
+        """A step's audio as its rows take it, keyed by ``pcm16``: float samples, and
+        int16 ones for ``pcm16`` streams, quantized here on the step's device (one elementwise
+        kernel, instead of the host widening and rounding every sample between two steps).
+        float16 keeps its float samples only: ``deliver``'s overflow check reads them."""
+        wanted = {r.stream.pcm16 for r in group.rows} if self.dtype != torch.float16 else {False}
+        return {pcm16: quantize16(wav) if pcm16 else wav for pcm16 in wanted}
+
     @torch.no_grad()
     def _run(self, rows: list[Row], deliver: Deliver, more: Callable[[], list[Row]] | None) -> None:
         """Work through the queue, one step per group, each row's pieces in order.
@@ -256,14 +265,15 @@ class StreamEngine(Lifecycle):
                 else:
                     start = time.perf_counter()
                 wav = self.runner(staged.codes, staged.slots, staged.n_new)[: len(group), : max(group.pieces) * spf]
+                outs = self._outputs(wav, group)
                 if pin:
-                    wav = torch.empty(wav.shape, dtype=wav.dtype, pin_memory=True).copy_(wav, non_blocking=True)
+                    outs = {k: torch.empty(w.shape, dtype=w.dtype, pin_memory=True).copy_(w, non_blocking=True) for k, w in outs.items()}
                     end.record(stream)
                 else:
                     end = time.perf_counter()
                 complete, left = [], []
                 for j, (r, k) in enumerate(zip(group.rows, group.pieces)):
-                    r.pieces.append((wav[j], k * spf))
+                    r.pieces.append((outs[r.stream.pcm16 and True in outs][j], k * spf))
                     r.done += k
                     (complete if r.done == r.frames.shape[0] else left).append(r)
                 sched.requeue(left)

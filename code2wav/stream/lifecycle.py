@@ -78,8 +78,11 @@ class Lifecycle:
         """Raise the precise ``StreamError`` unless the stream is open (unknown, or how it ended)."""
         self._get(request_id)
 
-    def open(self, request_id: str, prefix: object = None) -> None:
-        """Start a stream; ``prefix`` is ``[P, 16]`` reference codes (P may be 0) or None."""
+    def open(self, request_id: str, prefix: object = None, pcm16: bool = False) -> None:
+        """Start a stream; ``prefix`` is ``[P, 16]`` reference codes (P may be 0) or None.
+        ``pcm16``: its audio comes as int16 samples (``code2wav.audio.to_int16``'s rule), where
+        the engine can quantize them on the device; an engine that cannot returns float samples
+        (``to_int16`` takes either)."""
         with self._lock:
             self.reap_idle()
             if not isinstance(request_id, str) or not request_id:
@@ -93,7 +96,7 @@ class Lifecycle:
                 slot = self._take_slot()
             except PoolFull as e:
                 raise PoolFull(f"cannot open stream {request_id!r}: {e}") from None
-            st = Stream(request_id, slot)
+            st = Stream(request_id, slot, pcm16=pcm16)
             self._streams[request_id] = st
             self._ended.pop(request_id, None)
             if pre is not None and pre.shape[0]:

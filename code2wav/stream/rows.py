@@ -36,6 +36,7 @@ class Stream:
     history: list[Any] = field(default_factory=list)  # codes so far (the baselines re-decode them)
     prefix: Any = None  # reference frames not prefilled yet (the stream's first step does it)
     started: bool = False  # a chunk of it has joined a step
+    pcm16: bool = False  # its audio comes as int16 samples, quantized where the step ran (code2wav.audio.quantize16)
 
 
 @dataclass
