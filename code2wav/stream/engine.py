@@ -278,6 +278,7 @@ class StreamEngine(Lifecycle):
                     (complete if r.done == r.frames.shape[0] else left).append(r)
                 sched.requeue(left)
                 landed.append((end, start, complete, group, staged))
-            # On CUDA one step stays queued on the GPU while the one before it is delivered.
-            if landed and (not pin or len(landed) > 1 or not group):
+            # On CUDA steps stay queued on the GPU (SchedulePolicy.steps_ahead) while the one
+            # before them is delivered.
+            if landed and (not pin or len(landed) > sched.policy.steps_ahead or not group):
                 land()

@@ -38,12 +38,19 @@ class SchedulePolicy:
     # (one whose state comes from the prefix cache had no prefill, and waits as a fresh one does).
     first_chunk_wait: float = 0.005
     first_chunk_rows: int = 16
+    # On CUDA, steps left queued on the device while the host delivers an earlier one's audio
+    # and stages the next: more keep the device busy through longer host pauses (the service's
+    # worker waiting for the GIL while the event loop sends audio), and a row's next chunk then
+    # joins a step later.
+    steps_ahead: int = 1
 
     def __post_init__(self) -> None:
         if self.first_chunk_wait < 0:
             raise ValueError(f"first_chunk_wait must be >= 0, got {self.first_chunk_wait}")
         if self.first_chunk_rows < 1:
             raise ValueError(f"first_chunk_rows must be >= 1, got {self.first_chunk_rows}")
+        if self.steps_ahead < 1:
+            raise ValueError(f"steps_ahead must be >= 1, got {self.steps_ahead}")
 
 
 @dataclass
