@@ -221,8 +221,9 @@ class StreamEngine(Lifecycle):
         into pinned memory asynchronously, in stream order (a pageable copy would synchronise
         the stream on every step, leaving the GPU idle while Python assembles the next one; a
         graph's output buffer is only valid until its next replay, which the in-order copy
-        respects). One step runs while the next is queued; each step's finished rows are
-        delivered as soon as its copy lands, and ``more`` is asked for new rows in between."""
+        respects). A step runs while the next ones are queued (``SchedulePolicy.steps_ahead``);
+        each step's finished rows are delivered as soon as its copy lands, and ``more`` is asked
+        for new rows in between."""
         spf = self.cfg.samples_per_frame
         pin = self.device.type == "cuda"
         stream = torch.cuda.current_stream(self.device) if pin else None  # looked up once: events record on it

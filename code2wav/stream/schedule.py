@@ -40,9 +40,9 @@ class SchedulePolicy:
     first_chunk_rows: int = 16
     # On CUDA, steps left queued on the device while the host delivers an earlier one's audio
     # and stages the next: more keep the device busy through longer host pauses (the service's
-    # worker waiting for the GIL while the event loop sends audio), and a row's next chunk then
-    # joins a step later.
-    steps_ahead: int = 1
+    # worker waiting for the GIL while the event loop sends audio). It only matters while more
+    # rows are ready than a step holds; a row's next chunk may then join a step later.
+    steps_ahead: int = 2
 
     def __post_init__(self) -> None:
         if self.first_chunk_wait < 0:
