@@ -30,13 +30,7 @@
 #                                 sub-configs: layers.convt_gemm=false, schedule.first_chunk_wait=0):
 #                                 sustained load at 1/64/256 streams with the defaults, then with them
 # Figures go to BENCHMARKS.md with the command, commit, machine and date.
-set -uo pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-OUT="${OUT:-bench-out}"; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then  # qwen-tts-compat and the serve stack travel as wheels
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
-fi
-export CODE2WAV_CACHE=/tmp/code2wav-cache
+source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
 

@@ -3,11 +3,7 @@
 # graphs captured while serving, on a fresh machine and then again (the Triton cache warm); the
 # first runs of new shapes in the instant forms; the server under load, profiled
 # (bench/gpu.sh serveprof); graphs captured while serving, checked against eager.
-set -uo pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
-OUT="${OUT:-bench-out}"; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
-export CODE2WAV_CACHE=/tmp/code2wav-cache
+source bench/device_env.sh
 log="$OUT/session12.txt"
 for i in 1 2; do
   echo "=== cold start $i: background capture, until the first audio" | tee -a "$log"

@@ -3,11 +3,7 @@
 # captured while serving, on a fresh machine and then again; the service at full load after this
 # session's host fixes (graphs captured before serving, for the steady state); then in-process,
 # the same workload with and without a 200-frame prefix from 8 voices, the prefix cache warm.
-set -uo pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
-OUT="${OUT:-bench-out}"; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
-export CODE2WAV_CACHE=/tmp/code2wav-cache
+source bench/device_env.sh
 log="$OUT/final.txt"
 for i in 1 2; do
   echo "=== cold start $i: background capture, until the first audio" | tee -a "$log"

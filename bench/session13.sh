@@ -4,11 +4,7 @@
 # steady state), a connection per stream and kept connections, with the server's steps/s, rows
 # a step and device busy share from /metrics; py-spy on the server under 4 x 64 kept streams;
 # then in-process, the same workload, for the ratio.
-set -uo pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
-OUT="${OUT:-bench-out}"; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
-export CODE2WAV_CACHE=/tmp/code2wav-cache
+source bench/device_env.sh
 log="$OUT/log.txt"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 loads='for spec in "1 1" "1 1 --reuse-connections" "4 16" "4 16 --reuse-connections" "4 64" "4 64 --reuse-connections" "8 32 --reuse-connections"; do

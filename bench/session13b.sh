@@ -3,11 +3,7 @@
 # interval in the server process (sys.setswitchinterval; CPython's default 5 ms), one machine:
 # the same loads against a server with 0.5 ms, then with the default; py-spy (with --gil) under
 # 4 x 64 kept streams in the first.
-set -uo pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
-OUT="${OUT:-bench-out}"; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
-export CODE2WAV_CACHE=/tmp/code2wav-cache
+source bench/device_env.sh
 log="$OUT/log.txt"
 mkdir -p /tmp/sw && printf 'import os, sys\nif os.environ.get("SWITCH_MS"):\n    sys.setswitchinterval(float(os.environ["SWITCH_MS"]) / 1e3)\n' >/tmp/sw/sitecustomize.py
 spy=$(command -v py-spy || echo /tmp/site/bin/py-spy)

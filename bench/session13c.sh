@@ -2,11 +2,7 @@
 # Session 13, GPU call 4 (repo root on the device, .whl carried): A/B of SchedulePolicy.steps_ahead
 # (steps left queued on the GPU while the host delivers an earlier one) through the service, one
 # machine: a server with 2, then one with the default; the same loads against each.
-set -uo pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
-OUT="${OUT:-bench-out}"; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
-export CODE2WAV_CACHE=/tmp/code2wav-cache
+source bench/device_env.sh
 log="$OUT/log.txt"
 for ahead in 2 1; do
   export AHEAD=$ahead
