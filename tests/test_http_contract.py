@@ -267,6 +267,32 @@ def test_16_bit_formats_are_quantized_by_the_engine(ckpt, monkeypatch):
     assert seen == [True, False, True, True, True, False]
 
 
+@pytest.mark.filterwarnings("ignore:Using `httpx`")  # starlette's test client, not the service
+def test_the_stream_route_is_counted_by_the_gate_and_other_websocket_paths_are_refused(ckpt):
+    """``/v1/stream`` is dispatched ahead of FastAPI's router, inside the stop gate: its
+    connections count as requests in flight (a drain waits for them); a WebSocket to any other
+    path is refused at its handshake."""
+    from starlette.testclient import TestClient
+    from starlette.websockets import WebSocketDisconnect
+
+    from code2wav.engine.build import EngineConfig, build_async_engine
+    from code2wav.server.app import create_app
+
+    app = create_app(build_async_engine(EngineConfig(model=str(ckpt), max_streams=1, graphs=False)))
+    service = app.state.service
+    with TestClient(app) as c:
+        with c.websocket_connect("/v1/stream") as ws:
+            ws.send_json({"op": "open"})
+            assert ws.receive_json()["type"] == "opened"
+            assert service.requests_in_flight == 1
+            ws.send_json({"op": "end"})
+            assert ws.receive_json()["type"] == "done"
+        with pytest.raises(WebSocketDisconnect):
+            with c.websocket_connect("/v1/streams"):
+                pass
+    assert service.requests_in_flight == 0
+
+
 def test_the_body_parser_loads_neither_torch_nor_the_web_stack():
     from code2wav.server.audio import HTTP_FORMATS
     from code2wav.server.payloads import HTTP_FORMATS as PARSED_FORMATS

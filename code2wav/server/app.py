@@ -10,7 +10,7 @@ drain's and the failure's front door in ``gate``; ``run`` serves it (SIGTERM dra
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -20,6 +20,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.websockets import WebSocket
 
 from code2wav.engine.async_engine import AsyncEngine
 from code2wav.server.gate import StopGate
@@ -47,7 +48,6 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: Limits |
 
     app = FastAPI(title="code2wav", lifespan=lifespan)
     app.state.engine, app.state.limits, app.state.metrics, app.state.service = engine, limits, metrics, service
-    app.add_middleware(StopGate, service=service, metrics=metrics, retry_after_s=limits.retry_after_s)
 
     def authorized(header: str | None) -> bool:
         """``Authorization: Bearer KEY``, the scheme in any case (RFC 7235)."""
@@ -57,9 +57,6 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: Limits |
         if scheme.lower() != "bearer":
             return False
         return hmac.compare_digest(token.strip().encode(), api_key.encode())
-
-    if api_key is not None:
-        app.add_middleware(_TokenGate, authorized=authorized, on_refusal=lambda: metrics.errors.labels("unauthorized").inc())
 
     def check_auth(request: Request) -> None:
         if not authorized(request.headers.get("authorization")):
@@ -103,8 +100,30 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: Limits |
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     app.post("/v1/decode", **DECODE_ROUTE)(decode_endpoint(service, limits, metrics, check_auth))
-    app.websocket("/v1/stream")(stream_endpoint(service, limits, metrics, authorized))
+    # Middleware added later wraps the earlier: the token gate, then the stop gate (it counts
+    # each connection, a drain waits for them), then the stream route.
+    app.add_middleware(_StreamRoute, path="/v1/stream", endpoint=stream_endpoint(service, limits, metrics, authorized))
+    app.add_middleware(StopGate, service=service, metrics=metrics, retry_after_s=limits.retry_after_s)
+    if api_key is not None:
+        app.add_middleware(_TokenGate, authorized=authorized, on_refusal=lambda: metrics.errors.labels("unauthorized").inc())
     return app
+
+
+class _StreamRoute:
+    """The WebSocket endpoint, dispatched in front of FastAPI's routing: a ``/v1/stream``
+    connection goes straight to its session. FastAPI's per-request layers (exception handling,
+    its exit stack, the router) ran once per connection and did nothing for a WebSocket that the
+    session does not do itself (it answers every error with the protocol's message and close
+    code). What they cost a short stream: BENCHMARKS.md, "The service"."""
+
+    def __init__(self, app: ASGIApp, path: str, endpoint: Callable[[WebSocket], Awaitable[None]]):
+        self.app, self.path, self.endpoint = app, path, endpoint
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket" and scope["path"] == self.path:
+            await self.endpoint(WebSocket(scope, receive, send))
+            return
+        await self.app(scope, receive, send)
 
 
 class _TokenGate:
