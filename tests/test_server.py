@@ -323,6 +323,76 @@ def test_a_kept_connection_is_bounded_by_the_idle_timeout_between_streams(limite
         assert ei.value.rcvd.code == 1008
 
 
+def test_a_pooled_client_runs_concurrent_streams_on_its_kept_connections(server, client, model32):
+    """``AsyncClient(keep_connections=2)``: three streams at once, then three more. Each stream's
+    audio is the stream's own (to float32 rounding: the server batches them); after the first three two connections are kept (the third, over the bound,
+    closed), and two of the next three streams run on them."""
+
+    async def go():
+        async with AsyncClient(server.url, keep_connections=2) as c:
+
+            async def one(i: int):
+                codes = codes_of(7, seed=40 + i)
+                async with c.stream(format="f32le") as s:
+                    await s.push(codes[:3])
+                    first = await s.recv_audio()
+                    await s.push(codes[3:])
+                    second = await s.recv_audio()
+                    rest, done = await s.end()
+                assert done["frames"] == 7
+                return codes, np.concatenate([first, second, rest]), s.ws
+
+            before = await asyncio.gather(*(one(i) for i in range(3)))
+            kept = list(c.pool.idle)
+            after = await asyncio.gather(*(one(i) for i in range(3, 6)))
+            return before, kept, after, len(c.pool.idle)
+
+    before, kept, after, idle = asyncio.run(go())
+    assert len(kept) == 2 and idle == 2
+    assert len({id(ws) for *_, ws in after} & {id(ws) for ws in kept}) == 2
+    for codes, audio, _ in before + after:  # batched with each other: float32 rounding apart
+        ref = reference(model32, codes, None, (3, 4))
+        assert audio.shape == ref.shape and np.abs(audio - ref).max() <= 1e-4 * np.abs(ref).max()
+    wait_slots_free(client)
+
+
+def test_a_pooled_connection_the_server_closed_is_not_used_again(limited, monkeypatch):
+    """A kept connection the server closed (its idle timeout) is dropped when a stream takes
+    it; one that still looks open as it is taken fails the ``open``, and the stream opens once
+    more on a new connection. A stream that ends in an error gives its connection back to no
+    one."""
+    from code2wav.client import ws as client_ws
+
+    codes = codes_of(2, seed=50)
+
+    async def one(c: AsyncClient):
+        async with c.stream() as s:
+            await s.push(codes)
+            audio = await s.recv_audio()
+            await s.end()
+        return audio, s.ws
+
+    async def go():
+        async with AsyncClient(limited.url, api_key=KEY, keep_connections=1) as c:
+            _, old = await one(c)
+            assert c.pool.idle == [old]
+            await asyncio.wait_for(old.wait_closed(), 30)  # the server's idle timeout (1 s) closed it
+            audio, new = await one(c)
+            assert new is not old and audio.size == 2 * SPF
+            await asyncio.wait_for(new.wait_closed(), 30)
+            monkeypatch.setattr(client_ws, "_is_open", lambda ws: True)  # taken as if open: its open fails
+            c.pool.idle = [new]
+            audio, newer = await one(c)
+            assert newer is not new and audio.size == 2 * SPF
+            with pytest.raises(ServerError):
+                async with c.stream() as s:
+                    await s.push(np.zeros((1, 3), dtype=np.int16))  # the wrong shape: the stream's error
+                    await s.recv_audio()
+            return c.pool.idle
+
+    assert asyncio.run(go()) == []
+
+
 def test_an_error_ends_a_kept_connection_and_its_later_streams_fail(server, client):
     """A stream on a kept connection that ends in an error closes the connection, as on a
     connection of its own; the next stream on it fails at once, and no slot is left held."""

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 import numpy as np
 
 from code2wav.client.common import DEFAULT_URL, ServerError, _codes_list, _headers
-from code2wav.client.ws import AsyncConnection, AsyncStream, Stream, _ws_url
+from code2wav.client.ws import AsyncConnection, AsyncStream, ConnectionPool, Stream, _ws_url
 
 
 def _decode_body(codes, prefix, format: str, stream: bool) -> dict:
@@ -111,13 +111,20 @@ class Client:
 
 
 class AsyncClient:
-    def __init__(self, base_url: str = DEFAULT_URL, api_key: str | None = None, timeout: float = 60.0):
+    """``keep_connections=N``: :meth:`stream` keeps up to N idle WebSocket connections for the
+    next streams (:class:`ConnectionPool`) instead of a connection per stream, whose set-up
+    costs the server's event loop as much as a short stream's chunks. 0: a connection each."""
+
+    def __init__(self, base_url: str = DEFAULT_URL, api_key: str | None = None, timeout: float = 60.0, keep_connections: int = 0):
         import httpx
 
         self.base_url, self.api_key, self.timeout = base_url.rstrip("/"), api_key, timeout
         self.http = httpx.AsyncClient(base_url=self.base_url, headers=_headers(api_key), timeout=timeout)
+        self.pool = ConnectionPool(keep_connections) if keep_connections else None
 
     async def aclose(self) -> None:
+        if self.pool is not None:
+            await self.pool.aclose()
         await self.http.aclose()
 
     async def __aenter__(self) -> "AsyncClient":
@@ -144,7 +151,7 @@ class AsyncClient:
                 yield part
 
     def stream(self, request_id: str | None = None, prefix=None, format: str = "pcm_s16le", open_timeout: float = 10) -> AsyncStream:
-        return AsyncStream(_ws_url(self.base_url), self.api_key, request_id, prefix, format, open_timeout)
+        return AsyncStream(_ws_url(self.base_url), self.api_key, request_id, prefix, format, open_timeout, pool=self.pool)
 
     def connection(self, open_timeout: float = 10) -> AsyncConnection:
         """A WebSocket connection for streams one after another (``async with``, then its ``stream``)."""

@@ -52,22 +52,66 @@ def _closed_error(e) -> ServerError:
     return ServerError("closed", f"connection closed ({code})", close_code=code)
 
 
+def _is_open(ws) -> bool:
+    from websockets.protocol import State
+
+    return ws.state is State.OPEN
+
+
+class ConnectionPool:
+    """An :class:`AsyncClient`'s idle connections, kept for its next streams
+    (``AsyncClient(keep_connections=N)``): a stream takes one (or connects), opens with
+    ``keep_open``, and gives it back once its ``done`` came; a stream that ends any other way
+    closes it. At most ``size`` are kept idle; one the server closed meanwhile (its idle
+    timeout, a drain) is dropped, and a stream whose ``open`` fails on a kept connection opens
+    once more on a new one. Task-safe within one event loop (nothing awaits between a take and
+    its use)."""
+
+    def __init__(self, size: int):
+        if size < 1:
+            raise ValueError(f"keep_connections must be >= 1, got {size}")
+        self.size = size
+        self.idle: list = []  # open connections between streams, the most recently used last
+        self.closed = False
+
+    def take(self):
+        """An idle open connection, or None."""
+        while self.idle:
+            ws = self.idle.pop()
+            if _is_open(ws):
+                return ws
+        return None
+
+    async def give_back(self, ws) -> None:
+        if self.closed or len(self.idle) >= self.size or not _is_open(ws):
+            await _close_quietly(ws)
+        else:
+            self.idle.append(ws)
+
+    async def aclose(self) -> None:
+        self.closed = True
+        idle, self.idle = self.idle, []
+        for ws in idle:
+            await _close_quietly(ws)
+
+
 class _StreamProtocol:
     """What the sync and async streams share: the protocol's messages, without the I/O."""
 
     def __init__(self, url: str, api_key: str | None, request_id: str | None, prefix, format: str, open_timeout: float,
-                 connection: "AsyncConnection | None" = None):
+                 connection: "AsyncConnection | None" = None, pool: ConnectionPool | None = None):
         self.url, self.api_key, self.request_id, self.prefix, self.format = url, api_key, request_id, prefix, format
         self.open_timeout = open_timeout
         self.dtype = SAMPLE_DTYPES[format]
         self.connection = connection  # a connection that carries streams one after another (async only)
+        self.pool = pool  # or the client's kept connections (async only)
         self.ws = connection.ws if connection is not None else None
         self.opened: dict | None = None
         self.done: dict | None = None
 
     def _open_message(self) -> dict:
         msg: dict = {"op": "open", "format": self.format}
-        if self.connection is not None:
+        if self.connection is not None or self.pool is not None:
             msg["keep_open"] = True
         if self.request_id is not None:
             msg["request_id"] = self.request_id
@@ -184,21 +228,37 @@ class AsyncStream(_StreamProtocol):
     """One WebSocket stream (asyncio). Use as an async context manager from :meth:`AsyncClient.stream`."""
 
     async def __aenter__(self) -> "AsyncStream":
+        from websockets.exceptions import ConnectionClosed
+
+        kept = self.pool.take() if self.pool is not None else None
+        if kept is not None:
+            self.ws = kept
+            try:
+                await self._open()
+                return self
+            except (ServerError, ConnectionClosed, OSError):  # closed by the server as it was taken: once more, anew
+                await self.close()
+                self.opened = None
         if self.connection is None:
             self.ws = await _connect(self.url, self.api_key, self.open_timeout)
         try:
-            await self.send_json(self._open_message())
-            self._accept_opened(await self.recv())
+            await self._open()
         except BaseException:
             await self.close()
             raise
         return self
 
+    async def _open(self) -> None:
+        await self.send_json(self._open_message())
+        self._accept_opened(await self.recv())
+
     async def __aexit__(self, *exc) -> None:
         # A stream on a kept connection leaves it open for the next one once its done came;
         # else (an error, an exit mid-stream) the connection goes with it.
-        if self.connection is None or self.done is None:
+        if self.done is None or (self.connection is None and self.pool is None):
             await self.close()
+        elif self.pool is not None:
+            await self.pool.give_back(self.ws)
 
     async def close(self) -> None:
         await _close_quietly(self.ws)
