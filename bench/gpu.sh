@@ -19,8 +19,8 @@
 #   bash bench/gpu.sh outstanding what session 12 left unmeasured, in one call: the warm-up check with both
 #                                 halves (float32, cuDNN heuristics), the default serve (graphs captured
 #                                 while serving) from its start to ready and then at full load (a connection
-#                                 per stream and kept connections), and the
-#                                 prefix cache in-process (a hit's first chunk gathers since session 12)
+#                                 per stream and kept connections; 200-frame prefixes from 8 voices, the
+#                                 server's prefix cache on), and the prefix cache in-process
 #   bash bench/gpu.sh integrations  vLLM-Omni's and SGLang-Omni's own stages vs code2wav's, at the
 #                                 stage interface (carry .whl with their wheels, qwen-tts-compat, msgspec,
 #                                 msgpack, pyzmq)
@@ -142,10 +142,10 @@ warm)
   ;;
 outstanding)
   CUDNN_BENCHMARK=0 timeout 150 python3 bench/warm_check.py float32 4 2>&1 | tee "$OUT/warm_check.txt" | tail -8
-  loads='for spec in "1 1 0" "1 1 0 --reuse-connections" "4 16 0" "4 16 0 --reuse-connections" "4 64 0" "4 64 0 --reuse-connections" "4 64 200"; do
-    set -- $spec; echo "=== service: $1 procs x $2 streams, prefix $3 ${4:-}";
-    timeout 40 python3 bench/service_load.py http://127.0.0.1:8091 $1 $2 8 --prefix $3 ${4:-} | tee -a '"$OUT"'/service_load.jsonl | cut -c1-240; done'
-  timeout 260 python3 bench/cold_start.py serve --then "$loads" --device cuda --dtype bfloat16 --max-streams 256 2>&1 | tee "$OUT/fullload.txt" | grep -v '^{"'
+  loads='for spec in "1 1 0" "1 1 0 --reuse-connections" "4 16 0" "4 16 0 --reuse-connections" "4 64 0" "4 64 0 --reuse-connections" "4 64 200 --reuse-connections --voices 8"; do
+    set -- $spec; n=$1; w=$2; p=$3; shift 3; echo "=== service: $n procs x $w streams, prefix $p $*";
+    timeout 40 python3 bench/service_load.py http://127.0.0.1:8091 $n $w 8 --prefix $p "$@" | tee -a '"$OUT"'/service_load.jsonl | cut -c1-240; done'
+  timeout 260 python3 bench/cold_start.py serve --then "$loads" --device cuda --dtype bfloat16 --max-streams 256 --set prefix_cache_bytes=1000000000 2>&1 | tee "$OUT/fullload.txt" | grep -v '^{"'
   timeout 150 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 1,64,256 --prefix 0,200 --voices 8 --seconds 3 \
     --set prefix_cache_bytes=1000000000 --out "$OUT/inprocess" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/inprocess.txt" | tail -8
   ;;

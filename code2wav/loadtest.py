@@ -84,13 +84,22 @@ def retry_delay(e: ServerError) -> float:
     return min(MAX_RETRY_AFTER_S, RETRY_AFTER_S if e.retry_after is None else e.retry_after)
 
 
+def voice_bank(voices: int, prefix: int, seed: int = 7) -> np.ndarray | None:
+    """``[voices, prefix, 16]`` reference prefixes (the same in every process for one seed, so
+    several client processes reuse the same voices), or None for a prefix of its own per stream."""
+    return np.random.default_rng(seed).integers(0, 2048, (voices, prefix, 16)) if voices and prefix else None
+
+
 async def one_stream(client: AsyncClient | AsyncConnection, rng: np.random.Generator, frames: int, schedule: list[int], prefix: int,
-                     res: LoadResult) -> ServerError | None:
+                     res: LoadResult, bank: np.ndarray | None = None) -> ServerError | None:
     """One stream start to end, on a connection of its own (``client``: an ``AsyncClient``) or on
-    a kept one (an ``AsyncConnection``); returns the error that ended it (counted in ``res``), if any."""
+    a kept one (an ``AsyncConnection``); returns the error that ended it (counted in ``res``), if any.
+    ``bank``: its prefix is one of these voices, at random (``voice_bank``)."""
     from websockets.exceptions import WebSocketException
 
     codes = rng.integers(0, 2048, (prefix + frames, 16))
+    if bank is not None:
+        codes[:prefix] = bank[rng.integers(len(bank))]
     try:
         async with client.stream(prefix=codes[:prefix] if prefix else None, format="pcm_s16le") as s:
             at = prefix
@@ -118,14 +127,14 @@ def _failed(res: LoadResult, e: Exception) -> ServerError:
 
 
 async def kept_streams(client: AsyncClient, rng: np.random.Generator, frames: int, schedule: list[int], prefix: int, res: LoadResult,
-                       deadline: float) -> ServerError | None:
+                       deadline: float, bank: np.ndarray | None = None) -> ServerError | None:
     """Streams one after another on one connection until the deadline or an error (returned)."""
     from websockets.exceptions import WebSocketException
 
     try:
         async with client.connection() as conn:
             while time.perf_counter() < deadline:
-                err = await one_stream(conn, rng, frames, schedule, prefix, res)
+                err = await one_stream(conn, rng, frames, schedule, prefix, res, bank)
                 if err is not None:
                     return err
     except (OSError, WebSocketException) as e:  # the connection itself refused or lost
@@ -134,11 +143,13 @@ async def kept_streams(client: AsyncClient, rng: np.random.Generator, frames: in
 
 
 async def load(url: str, streams: int, seconds: float, frames: int = 101, schedule: list[int] | None = None,
-               prefix: int = 0, api_key: str | None = None, seed: int = 0, reuse: bool = False) -> LoadResult:
+               prefix: int = 0, api_key: str | None = None, seed: int = 0, reuse: bool = False, voices: int = 0) -> LoadResult:
     """N workers open streams back to back until ``seconds`` have passed; each on a connection
     of its own, or (``reuse``) one after another on the worker's connection (a new one after an
-    error)."""
+    error). ``voices``: each stream's prefix is one of that many references (as voice clones
+    repeat: a server's prefix cache then hits), else a prefix of its own."""
     schedule = schedule or [1, 25]
+    bank = voice_bank(voices, prefix)
     res = LoadResult(streams=streams, seconds=seconds)
     async with AsyncClient(url, api_key=api_key) as client:
         res.server_before = await server_gauges(client)
@@ -149,9 +160,9 @@ async def load(url: str, streams: int, seconds: float, frames: int = 101, schedu
             rng = np.random.default_rng(seed * 100_003 + i)
             while time.perf_counter() < deadline:
                 if reuse:
-                    err = await kept_streams(client, rng, frames, schedule, prefix, res, deadline)
+                    err = await kept_streams(client, rng, frames, schedule, prefix, res, deadline, bank)
                 else:
-                    err = await one_stream(client, rng, frames, schedule, prefix, res)
+                    err = await one_stream(client, rng, frames, schedule, prefix, res, bank)
                 if err is not None and err.code in RETRY_CODES:  # back off instead of flooding a full server
                     await asyncio.sleep(max(0.0, min(retry_delay(err), deadline - time.perf_counter())))
 
@@ -182,6 +193,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frames", type=positive_int, default=101, help="frames per stream (after the prefix)")
     p.add_argument("--chunks", default="1,25", help="chunk schedule, the last size repeating")
     p.add_argument("--prefix", type=non_negative_int, default=0, help="reference prefix frames per stream")
+    p.add_argument("--voices", type=non_negative_int, default=0,
+                   help="prefixes drawn from this many reference voices, the same in every loadtest process (0: each stream its own)")
     p.add_argument("--reuse-connections", action="store_true",
                    help="each worker runs its streams one after another on one WebSocket connection (open with keep_open)")
     p.add_argument("--api-key", default=EnvDefault("CODE2WAV_API_KEY"), help="bearer token (default: $CODE2WAV_API_KEY)")
@@ -206,7 +219,7 @@ def _run(url: str, work):
 def main(args: argparse.Namespace) -> int:
     chunks = parse_ints(args.chunks, "--chunks")
     res = _run(args.server, load(args.server, args.streams, args.seconds, args.frames, chunks, args.prefix, args.api_key,
-                                 reuse=args.reuse_connections))
+                                 reuse=args.reuse_connections, voices=args.voices))
     summary = res.summary()
     if args.json:
         with open(args.json, "w") as f:

@@ -41,7 +41,8 @@ def servers(ckpt, tmp_path_factory):
     """Both servers start together (their startup is mostly importing torch)."""
     d = tmp_path_factory.mktemp("logs")
     main = Server(
-        ckpt, d / "main.log", "--max-streams", "24", "--max-message-bytes", str(MAIN_MAX_MESSAGE), "--max-stream-frames", str(MAIN_MAX_FRAMES)
+        ckpt, d / "main.log", "--max-streams", "24", "--max-message-bytes", str(MAIN_MAX_MESSAGE), "--max-stream-frames", str(MAIN_MAX_FRAMES),
+        "--set", "prefix_cache_bytes=100000000",  # every prefixed stream here goes through the cache (exact, hit or miss)
     )
     limited = Server(ckpt, d / "limited.log", "--max-streams", "2", "--api-key", KEY, "--idle-timeout", "1")
     try:
@@ -583,6 +584,31 @@ def test_loadtest_command_bounded_run(server, client, tmp_path, capsys, reuse):
     wait_slots_free(client)
     out = capsys.readouterr().out
     assert "streams served" in out and "rows a step" in out
+
+
+def test_loadtest_voices_repeat_so_the_prefix_cache_hits(server, client, tmp_path):
+    """``code2wav loadtest --prefix 4 --voices 2``: every stream's prefix is one of two
+    references (the same in every loadtest process), so the server's prefix cache misses only
+    while a voice is not in it yet, and every other stream's state comes from it."""
+    from code2wav.cli import main
+
+    def counts() -> tuple[float, float]:
+        text = client.metrics()
+        return metric(text, "code2wav_prefix_cache_hits_total"), metric(text, "code2wav_prefix_cache_misses_total")
+
+    hits0, misses0 = counts()
+    out = tmp_path / "load.json"
+    rc = main(["loadtest", "--server", server.url, "--streams", "3", "--seconds", "3", "--frames", "6", "--chunks", "3", "--prefix", "4",
+               "--voices", "2", "--json", str(out)])
+    summary = json.loads(out.read_text())
+    hits, misses = (a - b for a, b in zip(counts(), (hits0, misses0)))
+    assert rc == 0 and summary["errors"] == {} and summary["streams_served"] >= 3
+    assert hits + misses == summary["streams_served"]
+    # A voice misses until its state is in: at most once per worker whose stream of it joined
+    # the same admission as the voice's first (3 workers, 2 voices).
+    assert misses <= 6 and hits >= summary["streams_served"] - 6
+    assert hits > 0, summary["streams_served"]
+    wait_slots_free(client)
 
 
 def test_bench_through_the_service(server, tmp_path):
