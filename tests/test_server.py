@@ -246,6 +246,14 @@ BAD_OPEN = {
     "bad_keep_open": (json.dumps({"op": "open", "keep_open": "yes"}), "bad_message", 1003),
     "prefix_out_of_range": (json.dumps({"op": "open", "prefix": [[5000] * 16]}), "out_of_range", 1003),
     "prefix_wrong_shape": (json.dumps({"op": "open", "prefix": [[1, 2]]}), "bad_shape", 1003),
+    "prefix_and_prefix_frames": (json.dumps({"op": "open", "prefix": [[1] * 16], "prefix_frames": 1}), "bad_message", 1003),
+    "bad_prefix_frames": (json.dumps({"op": "open", "prefix_frames": "2"}), "bad_message", 1003),
+    "negative_prefix_frames": (json.dumps({"op": "open", "prefix_frames": -1}), "bad_message", 1003),
+    # prefix_frames P: the next message is the prefix, P frames of binary int16
+    "prefix_frames_then_text": ((json.dumps({"op": "open", "prefix_frames": 2}), json.dumps({"op": "push", "frames": [[0] * 16]})),
+                                "bad_message", 1003),
+    "prefix_frames_wrong_size": ((json.dumps({"op": "open", "prefix_frames": 2}), b"\x00" * 32), "bad_shape", 1003),
+    "binary_prefix_out_of_range": ((json.dumps({"op": "open", "prefix_frames": 1}), frames_bytes(np.full((1, 16), 5000))), "out_of_range", 1003),
 }
 
 
@@ -253,14 +261,34 @@ BAD_OPEN = {
 def test_ws_errors_at_open(server, client, case):
     from websockets.sync.client import connect
 
-    msg, code, close = BAD_OPEN[case]
+    msgs, code, close = BAD_OPEN[case]
     with connect(server.url.replace("http", "ws") + "/v1/stream") as ws:
-        ws.send(msg)
+        for msg in msgs if isinstance(msgs, tuple) else (msgs,):
+            ws.send(msg)
         err = json.loads(ws.recv(timeout=30))
         assert (err["type"], err["code"]) == ("error", code) and err["message"]
         with pytest.raises(Exception) as ei:
             ws.recv(timeout=30)
         assert ei.value.rcvd.code == close
+    wait_slots_free(client)
+
+
+def test_a_binary_prefix_is_the_json_prefix(server, client):
+    """The prefix as ``prefix_frames`` and a binary message (what ``code2wav.client`` sends) and
+    as JSON rows in the ``open`` give the same stream: the same audio, bit for bit."""
+    from websockets.sync.client import connect
+
+    codes, prefix = codes_of(6, seed=60), codes_of(9, seed=61)
+    with client.stream(prefix=prefix, format="f32le") as s:
+        s.push(codes)
+        binary = s.recv_audio()
+        s.end()
+    with connect(server.url.replace("http", "ws") + "/v1/stream") as ws:
+        ws.send(json.dumps({"op": "open", "prefix": prefix.tolist(), "format": "f32le"}))
+        assert json.loads(ws.recv(timeout=30))["type"] == "opened"
+        ws.send(frames_bytes(codes))
+        rows = np.frombuffer(ws.recv(timeout=30), "<f4")
+    assert binary.size == 6 * SPF and binary.tobytes() == rows.tobytes()
     wait_slots_free(client)
 
 

@@ -109,15 +109,19 @@ class _StreamProtocol:
         self.opened: dict | None = None
         self.done: dict | None = None
 
-    def _open_message(self) -> dict:
+    def _open_messages(self) -> list[str | bytes]:
+        """The ``open`` message, and a reference prefix as the binary message after it
+        (``prefix_frames``: the server reads its bytes instead of parsing rows of JSON)."""
         msg: dict = {"op": "open", "format": self.format}
         if self.connection is not None or self.pool is not None:
             msg["keep_open"] = True
         if self.request_id is not None:
             msg["request_id"] = self.request_id
-        if self.prefix is not None:
-            msg["prefix"] = _codes_list(self.prefix)
-        return msg
+        if self.prefix is None:
+            return [json.dumps(msg)]
+        prefix = np.asarray(self.prefix)
+        msg["prefix_frames"] = len(prefix)
+        return [json.dumps(msg), frames_bytes(prefix)] if len(prefix) else [json.dumps(msg)]
 
     def _accept_opened(self, reply: bytes | dict) -> None:
         if not isinstance(reply, dict) or reply.get("type") != "opened":
@@ -155,7 +159,8 @@ class Stream(_StreamProtocol):
         # Entered as a context manager: websockets >= 17 warns on a bare connect().
         self.ws = connect(self.url, additional_headers=_headers(self.api_key), open_timeout=self.open_timeout, max_size=None, compression=None).__enter__()
         try:
-            self.send_json(self._open_message())
+            for m in self._open_messages():
+                self.send_raw(m)
             self._accept_opened(self.recv())
         except BaseException:
             self.close()
@@ -249,7 +254,8 @@ class AsyncStream(_StreamProtocol):
         return self
 
     async def _open(self) -> None:
-        await self.send_json(self._open_message())
+        for m in self._open_messages():
+            await self.send_raw(m)
         self._accept_opened(await self.recv())
 
     async def __aexit__(self, *exc) -> None:

@@ -241,12 +241,7 @@ class _WsSession:
         fmt = obj.get("format", "pcm_s16le")
         if fmt not in RAW_FORMATS:
             raise ServiceError("bad_format", f"format {fmt!r}: expected one of {', '.join(RAW_FORMATS)}")
-        prefix = obj.get("prefix")
-        if prefix is not None:
-            try:
-                prefix = as_frames(prefix, self.Q, self.SIZE, "prefix", allow_empty=True)
-            except CodesError as e:
-                raise ServiceError(e.code, str(e)) from None
+        prefix = await self._prefix(obj)
         self.t_open = time.perf_counter()
         await self.service.open(rid, prefix, pcm16=fmt in INT16_FORMATS)
         self.rid, self.fmt, self.opened, self.keep_open = rid, fmt, True, keep_open
@@ -255,13 +250,42 @@ class _WsSession:
         self.t_opened = time.perf_counter()
         await self._send(lambda: self.ws.send_json({"type": "opened", "request_id": rid, "sample_rate": self.service.sample_rate, "format": fmt}))
 
+    async def _prefix(self, obj: dict) -> Tensor | None:
+        """The open's reference prefix: its JSON ``prefix``, or with ``prefix_frames`` P > 0 the
+        binary message that follows (int16 ``[P, 16]``, as a push's frames: the event loop reads
+        P frames' bytes instead of parsing P rows of JSON; bench/prefix_parse.py)."""
+        prefix, count = obj.get("prefix"), obj.get("prefix_frames")
+        if count is not None:
+            if prefix is not None:
+                raise ServiceError("bad_message", "give prefix or prefix_frames, not both")
+            if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+                raise ServiceError("bad_message", "prefix_frames must be a non-negative integer")
+            if count == 0:
+                return None
+            kind, data = await self._recv()
+            if kind != "bytes":
+                raise ServiceError("bad_message", f"expected the prefix's {count} frames as one binary message after open")
+            if len(data) != 2 * self.Q * count:  # type: ignore[arg-type]
+                raise ServiceError("bad_shape", f"prefix_frames {count}: expected {2 * self.Q * count} bytes of int16 [{count}, {self.Q}], "
+                                                f"got {len(data)}")  # type: ignore[arg-type]
+            prefix = self._binary(data)  # type: ignore[arg-type]
+        if prefix is None:
+            return None
+        try:
+            return as_frames(prefix, self.Q, self.SIZE, "prefix", allow_empty=True)
+        except CodesError as e:
+            raise ServiceError(e.code, str(e)) from None
+
+    def _binary(self, raw: bytes) -> np.ndarray:
+        """Binary frames: int16 little-endian ``[n, Q]``, row-major."""
+        if len(raw) % (2 * self.Q):
+            raise ServiceError("bad_shape", f"binary frames must be int16 [n, {self.Q}]: {len(raw)} bytes is not a multiple of {2 * self.Q}")
+        return np.frombuffer(raw, dtype="<i2").reshape(-1, self.Q).copy()
+
     def _chunk(self, kind: str, data: object) -> Tensor | None:
         """A push message's frames, or None for ``end``."""
         if kind == "bytes":
-            raw: bytes = data  # type: ignore[assignment]
-            if len(raw) % (2 * self.Q):
-                raise ServiceError("bad_shape", f"binary frames must be int16 [n, {self.Q}]: {len(raw)} bytes is not a multiple of {2 * self.Q}")
-            payload: object = np.frombuffer(raw, dtype="<i2").reshape(-1, self.Q).copy()
+            payload: object = self._binary(data)  # type: ignore[arg-type]
         else:
             obj = self._json(data)  # type: ignore[arg-type]
             op = obj.get("op")
