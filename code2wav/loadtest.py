@@ -92,8 +92,9 @@ def voice_bank(voices: int, prefix: int, seed: int = 7) -> np.ndarray | None:
 
 async def one_stream(client: AsyncClient | AsyncConnection, rng: np.random.Generator, frames: int, schedule: list[int], prefix: int,
                      res: LoadResult, bank: np.ndarray | None = None) -> ServerError | None:
-    """One stream start to end, on a connection of its own (``client``: an ``AsyncClient``) or on
-    a kept one (an ``AsyncConnection``); returns the error that ended it (counted in ``res``), if any.
+    """One stream start to end, on ``client`` (an ``AsyncClient``: a connection of its own, or
+    one it keeps) or on a kept ``AsyncConnection``; returns the error that ended it (counted in
+    ``res``), if any.
     ``bank``: its prefix is one of these voices, at random (``voice_bank``)."""
     from websockets.exceptions import WebSocketException
 
@@ -126,32 +127,17 @@ def _failed(res: LoadResult, e: Exception) -> ServerError:
     return err
 
 
-async def kept_streams(client: AsyncClient, rng: np.random.Generator, frames: int, schedule: list[int], prefix: int, res: LoadResult,
-                       deadline: float, bank: np.ndarray | None = None) -> ServerError | None:
-    """Streams one after another on one connection until the deadline or an error (returned)."""
-    from websockets.exceptions import WebSocketException
-
-    try:
-        async with client.connection() as conn:
-            while time.perf_counter() < deadline:
-                err = await one_stream(conn, rng, frames, schedule, prefix, res, bank)
-                if err is not None:
-                    return err
-    except (OSError, WebSocketException) as e:  # the connection itself refused or lost
-        return _failed(res, e)
-    return None
-
-
 async def load(url: str, streams: int, seconds: float, frames: int = 101, schedule: list[int] | None = None,
                prefix: int = 0, api_key: str | None = None, seed: int = 0, reuse: bool = False, voices: int = 0) -> LoadResult:
     """N workers open streams back to back until ``seconds`` have passed; each on a connection
-    of its own, or (``reuse``) one after another on the worker's connection (a new one after an
-    error). ``voices``: each stream's prefix is one of that many references (as voice clones
-    repeat: a server's prefix cache then hits), else a prefix of its own."""
+    of its own, or (``reuse``) on the client's kept connections (``AsyncClient(keep_connections=N)``:
+    a worker's next stream takes a connection a stream left open, a new one after an error).
+    ``voices``: each stream's prefix is one of that many references (as voice clones repeat: a
+    server's prefix cache then hits), else a prefix of its own."""
     schedule = schedule or [1, 25]
     bank = voice_bank(voices, prefix)
     res = LoadResult(streams=streams, seconds=seconds)
-    async with AsyncClient(url, api_key=api_key) as client:
+    async with AsyncClient(url, api_key=api_key, keep_connections=streams if reuse else 0) as client:
         res.server_before = await server_gauges(client)
         deadline = time.perf_counter() + seconds
         t0 = time.perf_counter()
@@ -159,10 +145,7 @@ async def load(url: str, streams: int, seconds: float, frames: int = 101, schedu
         async def worker(i: int) -> None:
             rng = np.random.default_rng(seed * 100_003 + i)
             while time.perf_counter() < deadline:
-                if reuse:
-                    err = await kept_streams(client, rng, frames, schedule, prefix, res, deadline, bank)
-                else:
-                    err = await one_stream(client, rng, frames, schedule, prefix, res, bank)
+                err = await one_stream(client, rng, frames, schedule, prefix, res, bank)
                 if err is not None and err.code in RETRY_CODES:  # back off instead of flooding a full server
                     await asyncio.sleep(max(0.0, min(retry_delay(err), deadline - time.perf_counter())))
 
@@ -196,7 +179,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--voices", type=non_negative_int, default=0,
                    help="prefixes drawn from this many reference voices, the same in every loadtest process (0: each stream its own)")
     p.add_argument("--reuse-connections", action="store_true",
-                   help="each worker runs its streams one after another on one WebSocket connection (open with keep_open)")
+                   help="streams run on kept WebSocket connections (open with keep_open; the client keeps one per worker)")
     p.add_argument("--api-key", default=EnvDefault("CODE2WAV_API_KEY"), help="bearer token (default: $CODE2WAV_API_KEY)")
     p.add_argument("--json", default=None, help="also write the summary here")
 
