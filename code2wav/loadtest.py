@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from code2wav.client import AsyncClient, AsyncConnection, ServerError
+from code2wav.client import AsyncClient, ServerError
 from code2wav.files import out_dir
 from code2wav.options import CliError, EnvDefault, chunk_schedule, non_negative_int, parse_ints, positive_float, positive_int, server_url
 from code2wav.report import json_safe
@@ -90,12 +90,11 @@ def voice_bank(voices: int, prefix: int, seed: int = 7) -> np.ndarray | None:
     return np.random.default_rng(seed).integers(0, 2048, (voices, prefix, 16)) if voices and prefix else None
 
 
-async def one_stream(client: AsyncClient | AsyncConnection, rng: np.random.Generator, frames: int, schedule: list[int], prefix: int,
+async def one_stream(client: AsyncClient, rng: np.random.Generator, frames: int, schedule: list[int], prefix: int,
                      res: LoadResult, bank: np.ndarray | None = None) -> ServerError | None:
-    """One stream start to end, on ``client`` (an ``AsyncClient``: a connection of its own, or
-    one it keeps) or on a kept ``AsyncConnection``; returns the error that ended it (counted in
-    ``res``), if any.
-    ``bank``: its prefix is one of these voices, at random (``voice_bank``)."""
+    """One stream start to end, on a connection of its own or one ``client`` keeps; returns the
+    error that ended it (counted in ``res``), if any. ``bank``: its prefix is one of these
+    voices, at random (``voice_bank``)."""
     from websockets.exceptions import WebSocketException
 
     codes = rng.integers(0, 2048, (prefix + frames, 16))

@@ -274,7 +274,7 @@ class StreamEngine(Lifecycle):
                     end = time.perf_counter()
                 complete, left = [], []
                 for j, (r, k) in enumerate(zip(group.rows, group.pieces)):
-                    r.pieces.append((outs[r.stream.pcm16 and True in outs][j], k * spf))
+                    r.pieces.append((outs[r.stream.pcm16 if r.stream.pcm16 in outs else False][j], k * spf))
                     r.done += k
                     (complete if r.done == r.frames.shape[0] else left).append(r)
                 sched.requeue(left)
