@@ -1,7 +1,11 @@
 """The residual unit's fused tail (``code2wav/kernels/unit.py``) against the ops it replaces, on
 the GPU: per decoder block (its channels and samples per frame), a whole unit's time with and
-without the fused tail, a sweep of the tail kernel's tiles, and the bf16 error of both against a
-float32 unit. argv: [rows x frames per step, default 16x25] [dtype, default bfloat16]."""
+without the fused tail, a sweep of the tail kernel's tiles (``unit.Tiles``: rows, output
+channels and K slice per program, warps, stages), and the bf16 error of both against a float32
+unit. argv: [rows x frames per step, default 16x25] [dtype, default bfloat16] [--compile-only
+I/N: compile the I-th of N shares of the sweep and exit, so N processes fill Triton's on-disk
+cache side by side before the timed run].
+"""
 
 from __future__ import annotations
 
@@ -15,7 +19,17 @@ from code2wav.kernels import unit
 from code2wav.kernels.snake import residual_add, to_layout
 from code2wav.model.layers import ResidualUnit, channels_last_
 
-BLOCKS = ((192, 640), (96, 1920))  # (channels, samples per frame) of the decoder blocks the fused tail serves
+BLOCKS = ((768, 32), (384, 160), (192, 640), (96, 1920))  # (channels, samples per frame) of the decoder blocks
+
+
+def sweep_tiles(C: int) -> list[unit.Tiles]:
+    """The tilings tried at ``C`` channels: accumulators of at most 32k fp32 elements."""
+    widths = [n for n in (64, 128, 256) if n <= unit.triton.next_power_of_2(C)]
+    out = []
+    for bn, bm, bk, (w, st) in itertools.product(widths, (64, 128), (32, 64), ((4, 2), (4, 4), (8, 2), (8, 4))):
+        if C % bk == 0 and bm * bn <= 32768:
+            out.append(unit.Tiles(bm, bn, bk, w, st))
+    return out
 
 
 def snr(ref: torch.Tensor, y: torch.Tensor) -> float:
@@ -24,14 +38,30 @@ def snr(ref: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def main() -> int:
-    rows, frames = (int(v) for v in (sys.argv[1] if len(sys.argv) > 1 else "16x25").split("x"))
-    dtype = getattr(torch, sys.argv[2] if len(sys.argv) > 2 else "bfloat16")
+    args = sys.argv[1:]
+    share = None
+    if "--compile-only" in args:
+        i = args.index("--compile-only")
+        share = tuple(int(v) for v in args[i + 1].split("/"))
+        del args[i : i + 2]
+    rows, frames = (int(v) for v in (args[0] if args else "16x25").split("x"))
+    dtype = getattr(torch, args[1] if len(args) > 1 else "bfloat16")
+    unit.ACC_ELEMENTS = 32768  # the sweep's own bound (sweep_tiles); the kernel's default is 16k
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False  # the float32 reference stays float32
     g = torch.Generator().manual_seed(0)
     real_applies = unit.applies
+    if share is not None:  # compile this share of the sweep (one call each) and stop
+        jobs = [(C, spf, t) for C, spf in BLOCKS for t in sweep_tiles(C)][share[0] :: share[1]]
+        for C, spf, t in jobs:
+            x = to_layout(torch.randn(rows, C, frames * spf, device="cuda", dtype=dtype), True)
+            p = torch.randn(C, device="cuda", dtype=dtype)
+            unit.unit_tail(x, x, torch.randn(C, C, 1, device="cuda", dtype=dtype), p, p, p, p, tiles=t)
+        torch.cuda.synchronize()
+        print(f"compiled {len(jobs)} tilings")
+        return 0
     print(f"{dtype}, {rows} rows x {frames} frames; times in us per residual unit (dilation 9)")
-    print(f"{'C':>5}{'L':>7}{'unfused':>9}{'fused':>9}{'gain':>7}   best (BM, warps, stages)   SNR dB unfused / fused vs fp32")
+    print(f"{'C':>5}{'L':>7}{'unfused':>9}{'fused':>9}{'gain':>7}   best tiles   SNR dB unfused / fused vs fp32")
     for C, spf in BLOCKS:
         L = frames * spf
         ru32 = ResidualUnit(C, 9, rate=spf)
@@ -61,18 +91,21 @@ def main() -> int:
             # What the fused kernel replaces: SnakeBeta, cuDNN's 1x1 conv, the residual add.
             ops_tail = timed(lambda: residual_add(x, ru.conv2(ru.act2(h, bias=ru.conv1.conv.bias), None, add_bias=False), ru.conv2.conv.bias))
             sweep = {}
-            for tile in itertools.product((64, 128, 256), (4, 8), (2, 3, 4)):
-                bm, w, st = tile
+            for tile in sweep_tiles(C):
                 try:
-                    sweep[tile] = timed(lambda: unit.unit_tail(*args, block_m=bm, num_warps=w, num_stages=st))
+                    sweep[tile] = timed(lambda: unit.unit_tail(*args, tiles=tile))
                 except Exception as e:  # out of shared memory / registers for this tile
                     sweep[tile] = float("inf")
                     print(f"  tile {tile}: {type(e).__name__}")
             default_tail = timed(lambda: unit.unit_tail(*args))
-        best = min(sweep, key=sweep.get)
+        ranked = sorted(sweep, key=sweep.get)
+        best = ranked[0]
+        moved = 3 * rows * L * C * x.element_size() / 1e3  # h and x read, y written, in kB: kB/us = GB/s
         print(f"{C:>5}{L:>7}{us['unfused']:>9.1f}{us['fused']:>9.1f}{us['unfused'] / us['fused']:>6.2f}x"
-              f"   {str(best):<14} tail {sweep[best]:.1f} (default {default_tail:.1f}, separate ops {ops_tail:.1f})"
-              f"   {snr(ref, out['unfused']):.1f} / {snr(ref, out['fused']):.1f}", flush=True)
+              f"   tail {sweep[best]:.1f} us ({moved / sweep[best]:.0f} GB/s), default {unit.tiles_for(C)} {default_tail:.1f},"
+              f" separate ops {ops_tail:.1f}   {snr(ref, out['unfused']):.1f} / {snr(ref, out['fused']):.1f}", flush=True)
+        for tile in ranked[:5]:
+            print(f"      {sweep[tile]:7.1f} us  {tile}")
     return 0
 
 

@@ -186,13 +186,18 @@ def test_mono_conv_matches_conv1d(layout, dilation):
 
 
 @pytest.mark.parametrize("C", [16, 96])
-@pytest.mark.parametrize("tiles", ["one", "many"])
+@pytest.mark.parametrize("tiles", ["one", "many", "channel tiles"])
 def test_unit_tail_matches_the_unit_ops(monkeypatch, C, tiles):
     """The residual unit's fused tail equals conv1's bias, SnakeBeta, the 1x1 conv and the
     residual add done one by one; with tiles smaller than the tensors (as on the GPU: a row count
-    no tile divides) too, and 96 channels padded to a power of two."""
+    no tile divides) too, 96 channels padded to a power of two, and the output channels split
+    over programs (as for the wide blocks: 96 in tiles of 64, the last one partly masked)."""
     if tiles == "many":
         monkeypatch.setattr(unit, "ACC_ELEMENTS", 16 * unit.triton.next_power_of_2(C))
+    if tiles == "channel tiles":
+        if C == 16:
+            pytest.skip("16 channels are one tile: tl.dot takes no fewer")
+        monkeypatch.setitem(unit.TILES, C, unit.Tiles(32, 64, 16, 4, 2))
     g = torch.Generator().manual_seed(4)
     B, L = 3, 37
     x, h = (laid_out(torch.randn(B, C, L, generator=g), "channels_last") for _ in range(2))
@@ -219,7 +224,20 @@ def test_unit_tail_applies_only_where_it_is_exact_and_fast():
     assert not unit.applies(odd, odd)  # 8 channels: below the GEMM's 16-wide slice
     assert not unit.applies(cl.double(), cl.double())  # float64 stays eager
     wide = laid_out(torch.randn(2, 384, 9, generator=g), "channels_last")
-    assert not unit.applies(wide, wide)  # 384 channels: more than one output tile
+    assert unit.applies(wide, wide)  # 384 channels: output channels split over programs
+
+
+def test_unit_tail_tiles_split_wide_units_and_check_the_k_slice():
+    """Up to ``MAX_N`` output channels a program takes them all (SnakeBeta once per element);
+    wider units split them in tiles of 128. A K slice that does not divide the channels is
+    refused, not read past the row."""
+    assert unit.generic_tiles(96).block_n == 128 and unit.generic_tiles(256).block_n == 256
+    assert unit.generic_tiles(384).block_n == 128 and unit.generic_tiles(768).block_n == 128
+    assert unit.generic_tiles(48).block_k == 16 and unit.generic_tiles(768).block_k == 32
+    g = torch.Generator().manual_seed(6)
+    x = laid_out(torch.randn(1, 48, 5, generator=g), "channels_last")
+    with pytest.raises(ValueError, match="K slice 32 must divide 48"):
+        unit.unit_tail(x, x, torch.randn(48, 48, 1), *(torch.zeros(48) for _ in range(4)), tiles=unit.Tiles(16, 64, 32, 4, 2))
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -466,6 +484,9 @@ def test_unit_tail_tiles_fill_the_gpu_in_small_steps(monkeypatch):
     assert unit.rows_per_program(5 * 1920, 128, 132) == 128  # 73 rows per SM: the next power of two
     assert unit.rows_per_program(10, 128, 132) == 16
     assert unit.rows_per_program(640, 256, 132, fill_sms=False) == 64 and unit.rows_per_program(1920, 128, 132, fill_sms=False) == 128
+    # Channel tiles count as programs: 640 rows of 384 channels in 3 tiles of 128 fill 132 SMs at 16 rows.
+    assert unit.rows_per_program(640, 128, 132, n_tiles=3) == 16 and unit.rows_per_program(16 * 25 * 160, 128, 132, n_tiles=3) == 128
+    assert unit.rows_per_program(16 * 25 * 160, 128, 132, n_tiles=3, block_m=64) == 64  # a swept tile caps the rows
 
 
 @pytest.mark.parametrize("rows,k,n", [(1, 300, 70), (3, 64, 129), (4, 1000, 8), (2, 5, 300)])

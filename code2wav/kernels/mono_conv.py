@@ -15,7 +15,8 @@ from torch import Tensor
 from code2wav.kernels import snake
 from code2wav.kernels.snake import triton
 
-BLOCK_T = 64  # output samples per program
+BLOCK_T = 64  # output samples per program (bench/mono_conv.py sweeps it and the warps)
+NUM_WARPS = 4
 
 if triton is not None:
     import triton.language as tl
@@ -39,17 +40,19 @@ if triton is not None:
         tl.store(y_ptr + row.to(tl.int64) * L_out + t, acc.to(y_ptr.dtype.element_ty), mask=tmask)
 
 
-def mono_conv(x: Tensor, weight: Tensor, bias: Tensor, dilation: int = 1) -> Tensor:
-    """``conv1d(x, weight, bias)`` for ``weight`` [1, C, K], no padding: [B, C, L] -> [B, 1, L - (K-1)*d]."""
+def mono_conv(x: Tensor, weight: Tensor, bias: Tensor, dilation: int = 1, block_t: int | None = None,
+              num_warps: int | None = None) -> Tensor:
+    """``conv1d(x, weight, bias)`` for ``weight`` [1, C, K], no padding: [B, C, L] -> [B, 1, L - (K-1)*d].
+    ``block_t`` and ``num_warps`` are for the sweep; by default ``BLOCK_T`` and ``NUM_WARPS``."""
     if not snake.fused(x) or x.shape[1] > 256:
         return F.conv1d(x, weight, bias, dilation=dilation)
     B, C, L = x.shape
     K = weight.shape[-1]
     L_out = L - (K - 1) * dilation
     y = torch.empty(B, 1, L_out, device=x.device, dtype=x.dtype)
-    block_t = BLOCK_T
+    block_t = block_t or BLOCK_T
     _mono_conv_kernel[(B, triton.cdiv(L_out, block_t))](
         x, weight, bias, y, C, L_out, *x.stride(), weight.stride(1), weight.stride(2),
-        K=K, DIL=dilation, BLOCK_T=block_t, BLOCK_C=triton.next_power_of_2(C),
+        K=K, DIL=dilation, BLOCK_T=block_t, BLOCK_C=triton.next_power_of_2(C), num_warps=num_warps or NUM_WARPS,
     )
     return y

@@ -2,15 +2,19 @@
 
 A residual unit is snake -> dilated conv k=7 -> snake -> 1x1 conv -> + x. Done as separate ops,
 everything after the k=7 conv is three kernels (SnakeBeta, cuDNN's 1x1 conv, the residual add):
-seven reads and writes of the activation, and the 1x1 conv's output rounded once more. At 96-192 channels the 1x1
-conv is memory-bound, so here it is one tiled GEMM over the rows of the channels-last ``[B*L, C]``
-matrix: SnakeBeta (with the k=7 conv's bias) is applied to each A tile as it is loaded, and the
-bias and residual are added to the fp32 accumulator before the one rounding to the output dtype.
+seven reads and writes of the activation, and the 1x1 conv's output rounded once more. The 1x1
+conv is memory-bound at every block's width, so here it is one tiled GEMM over the rows of the
+channels-last ``[B*L, C]`` matrix: SnakeBeta (with the k=7 conv's bias) is applied to each A tile
+as it is loaded, and the bias and residual are added to the fp32 accumulator before the one
+rounding to the output dtype. A program covers ``block_n`` output channels; where that is fewer
+than ``C``, the programs of one row tile sit next to each other in launch order, so the rows
+they all read come from L2, and each recomputes SnakeBeta on them (cheap next to the traffic).
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -18,14 +22,39 @@ from torch import Tensor
 from code2wav.kernels import snake
 from code2wav.kernels.snake import fast_sin, is_channels_last, triton
 
-# Tiles from bench/unit_tail.py's sweep (bf16, 16 x 25 frames): 4 warps, 4 stages; rows per
-# program so the fp32 accumulator stays at 16k elements (128 rows x 128 channels for 96
-# channels, 64 x 256 for 192; 128 x 256 was several times slower, likely spilling registers).
-ACC_ELEMENTS = 128 * 128
-NUM_WARPS, NUM_STAGES = 4, 4
+ACC_ELEMENTS = 128 * 128  # the fp32 accumulator's elements at most (128 x 256 spilled registers)
 MIN_K = 16  # the GEMM's input-channel slice: 32, or 16 for channel counts it does not divide
-MAX_C = 256  # all output channels in one tile, so SnakeBeta runs once per input element; wider
-#              units (384, 768 channels: 1/5 of the elements) keep the separate ops
+MAX_N = 256  # output channels per program at most
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """One launch's tiling: rows per program (an upper bound, see ``rows_per_program``), output
+    channels per program, the K slice (it divides ``C``), warps and pipeline stages."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+def generic_tiles(C: int) -> Tiles:
+    """Tiles for a channel count the sweep did not measure: every output channel in one program
+    up to ``MAX_N`` (SnakeBeta once per element), 128 at a time beyond."""
+    n = triton.next_power_of_2(C) if triton is not None else C
+    block_n = n if n <= MAX_N else 128
+    return Tiles(min(128, ACC_ELEMENTS // block_n), block_n, 32 if C % 32 == 0 else MIN_K, 4, 4)
+
+
+# Per channel count, from bench/unit_tail.py's sweep (bf16, 16 x 25 frames; figures in
+# BENCHMARKS.md). Knob: edit here after a sweep on new hardware.
+TILES: dict[int, Tiles] = {96: Tiles(128, 128, 32, 4, 4), 192: Tiles(64, 256, 32, 4, 4)}
+
+
+def tiles_for(C: int) -> Tiles:
+    return TILES.get(C) or generic_tiles(C)
+
 
 if triton is not None:
     import triton.language as tl
@@ -34,10 +63,11 @@ if triton is not None:
 
     @triton.jit
     def _unit_tail_kernel(h_ptr, x_ptr, w_ptr, y_ptr, b1_ptr, alpha_ptr, beta_ptr, b2_ptr, M, L, shb, sxb, swn, swk,
-                          C: tl.constexpr, FAST_SIN: tl.constexpr, NUM_STAGES: tl.constexpr,
+                          C: tl.constexpr, FAST_SIN: tl.constexpr, NUM_STAGES: tl.constexpr, N_TILES: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]  # [BM, 1]: row b*L + t
-        rn = tl.arange(0, BLOCK_N)[None, :]  # [1, BN]: every output channel (BLOCK_N = C rounded up)
+        pid = tl.program_id(0)  # the channel tile varies fastest: neighbours read the same rows
+        rm = (pid // N_TILES) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]  # [BM, 1]: row b*L + t
+        rn = (pid % N_TILES) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # [1, BN]: output channels
         mmask = rm < M
         nmask = rn < C
         rows = rm.to(tl.int64) * C
@@ -65,41 +95,45 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
-def rows_per_program(rows: int, block_n: int, sms: int, fill_sms: bool = True) -> int:
-    """A program's rows: 128, fewer where the fp32 accumulator would pass ``ACC_ELEMENTS``, and,
-    with ``fill_sms`` (``LayerChoices.unit_fill_sms``), fewer (down to 16, ``tl.dot``'s least)
-    while that leaves SMs idle: small steps (a 1-frame step's few hundred rows) would otherwise
-    make a handful of programs, each one long K loop on one SM."""
-    fill = max(16, 1 << (max(1, -(-rows // sms)) - 1).bit_length()) if fill_sms else 128
-    return min(128, ACC_ELEMENTS // block_n, fill)
+def rows_per_program(rows: int, block_n: int, sms: int, fill_sms: bool = True, n_tiles: int = 1,
+                     block_m: int = 128) -> int:
+    """A program's rows: ``block_m``, fewer where the fp32 accumulator would pass
+    ``ACC_ELEMENTS``, and, with ``fill_sms`` (``LayerChoices.unit_fill_sms``), fewer (down to 16,
+    ``tl.dot``'s least) while that leaves SMs idle: small steps (a 1-frame step's few hundred
+    rows) would otherwise make a handful of programs, each one long K loop on one SM. Each row
+    tile makes ``n_tiles`` programs (one per channel tile)."""
+    per_sm = max(1, -(-rows * n_tiles // sms))
+    fill = max(16, 1 << (per_sm - 1).bit_length()) if fill_sms else block_m
+    return min(block_m, ACC_ELEMENTS // block_n, fill)
 
 
 def applies(x: Tensor, h: Tensor) -> bool:
     """Where the fused tail runs: bf16/fp16 on CUDA (float32 keeps cuDNN's exact convs; an IEEE
     float32 Triton GEMM is slow), channels-last activations (the CUDA default: the unit's input
-    and the k=7 conv's output are then ``[L, C]`` matrices per row), up to ``MAX_C`` channels.
-    (Tests run it on CPU float32 through Triton's interpreter, where its dot is exact.)"""
+    and the k=7 conv's output are then ``[L, C]`` matrices per row), channels a multiple of
+    ``MIN_K``. (Tests run it on CPU float32 through Triton's interpreter, where its dot is exact.)"""
     C = x.shape[1]
     return (snake.fused(x) and not (x.is_cuda and x.dtype == torch.float32) and x.shape == h.shape
-            and is_channels_last(x) and is_channels_last(h) and C % MIN_K == 0 and C <= MAX_C)
+            and is_channels_last(x) and is_channels_last(h) and C % MIN_K == 0)
 
 
 def unit_tail(h: Tensor, x: Tensor, w2: Tensor, b1: Tensor, alpha: Tensor, beta: Tensor, b2: Tensor,
-              block_m: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-              fill_sms: bool = True) -> Tensor:
+              tiles: Tiles | None = None, fill_sms: bool = True) -> Tensor:
     """``x + b2 + conv1x1(snake(h + b1), w2)`` over channels-last ``[B, C, L]`` (see ``applies``;
     the batch strides may exceed ``L * C``);
-    ``w2`` is the 1x1 conv's ``[C, C, 1]`` weight. Returns a new channels-last tensor. The tile
-    arguments are for ``bench/unit_tail.py``'s sweep; the defaults are what it measured best."""
+    ``w2`` is the 1x1 conv's ``[C, C, 1]`` weight. Returns a new channels-last tensor. ``tiles``
+    is for ``bench/unit_tail.py``'s sweep; by default ``tiles_for(C)``."""
     B, C, L = x.shape
     M = B * L
+    t = tiles or tiles_for(C)
+    if C % t.block_k:
+        raise ValueError(f"the K slice {t.block_k} must divide {C} channels")
     y = torch.empty(B, L, C, device=x.device, dtype=x.dtype).transpose(1, 2)
-    block_n = triton.next_power_of_2(C)
-    block_m = block_m or rows_per_program(M, block_n, _sm_count(x.device), fill_sms)
-    _unit_tail_kernel[(triton.cdiv(M, block_m),)](
+    n_tiles = triton.cdiv(C, t.block_n)
+    block_m = rows_per_program(M, t.block_n, _sm_count(x.device), fill_sms, n_tiles, t.block_m)
+    _unit_tail_kernel[(triton.cdiv(M, block_m) * n_tiles,)](
         h, x, w2, y, b1, alpha, beta, b2, M, L, h.stride(0), x.stride(0), w2.stride(0), w2.stride(1),
-        C=C, FAST_SIN=fast_sin(x), NUM_STAGES=num_stages or NUM_STAGES,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=32 if C % 32 == 0 else MIN_K,
-        num_warps=num_warps or NUM_WARPS,
+        C=C, FAST_SIN=fast_sin(x), NUM_STAGES=t.num_stages, N_TILES=n_tiles,
+        BLOCK_M=block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, num_warps=t.num_warps,
     )
     return y
