@@ -1,7 +1,10 @@
 """Where one eager streaming step's GPU time goes, layer by layer: CUDA events around each layer
 (the front stages, every upsampler and conv, each residual unit and its k=7 conv; a unit's tail
-is the unit less its conv), and the kernels each layer launched (torch.profiler ranges). The
-layers' times add up to the step's; kernel names say which cuDNN algorithm a conv got.
+is the unit less its conv), and the kernels each layer launched (torch.profiler ranges, as the
+profiler maps them onto the GPU timeline). The eager host launches slower than the GPU runs, so
+the step is queued behind a GPU sleep first (``SLEEP_CYCLES``): the GPU then runs it back to back
+and each layer's events measure its GPU time, not launch gaps (the inputs are on the device
+already, and a step never synchronises). Kernel names say which cuDNN algorithm a conv got.
 
 argv: [dtype, default bfloat16] [shapes ROWSxFRAMES,..., default 16x25,1x1] [cuDNN
 benchmark_limit, default torch's]. Output: one table per shape, times in us.
@@ -25,6 +28,7 @@ from code2wav.stream.pool import StatePool
 from code2wav.stream.runner import EagerRunner
 
 DEVICE = "cuda"  # a CPU smoke run sets "cpu" (with stand-in events)
+SLEEP_CYCLES = 400_000_000  # ~0.2 s at the H200's clock: longer than the eager host takes to queue a step
 TIMED = (CausalConv1d, CausalConvTranspose1d, ConvNeXtBlock, ResidualUnit, Transformer)
 
 
@@ -72,12 +76,37 @@ class Spans:
         return {k: sum(s.elapsed_time(e) for s, e in v) / len(v) * 1e3 for k, v in self.events.items()}
 
 
-def kernels_of(evt) -> list[tuple[str, float]]:
-    """The kernels launched under a profiler event (itself and every CPU child), with their us."""
-    out = [(k.name, k.duration) for k in getattr(evt, "kernels", [])]
-    for child in evt.cpu_children:
-        out += kernels_of(child)
+def gpu_kernels(prof) -> tuple[dict[str, tuple[float, float]], list[tuple[float, float, str]]]:
+    """The layers' ranges on the GPU timeline (start, end in us) and every kernel (start, end,
+    name), from the profiler's events: a range launched under ``record_function`` has a GPU-side
+    twin spanning its kernels."""
+    ranges, kernels = {}, []
+    for e in prof.events():
+        if e.device_type.name != "CUDA":
+            continue
+        span = (e.time_range.start, e.time_range.end)
+        if e.name.startswith("layer:"):
+            ranges[e.name.removeprefix("layer:")] = span
+        else:
+            kernels.append((*span, e.name))
+    return ranges, kernels
+
+
+def inside(span: tuple[float, float], kernels: list[tuple[float, float, str]]) -> Counter:
+    """Kernel name -> GPU us, for the kernels that ran within ``span``."""
+    out: Counter = Counter()
+    for s, e, name in kernels:
+        if s >= span[0] and e <= span[1]:
+            out[name] += e - s
     return out
+
+
+def whole_start(ranges: dict[str, tuple[float, float]], kernels: list[tuple[float, float, str]]) -> float:
+    """Where the step starts on the GPU: after the sleep kernel (the longest), or the first kernel."""
+    if not kernels:
+        return 0.0
+    sleep = max(kernels, key=lambda k: k[1] - k[0])
+    return sleep[1] if "sleep" in sleep[2].lower() else min(k[0] for k in kernels)
 
 
 def children(name: str, names: list[str]) -> list[str]:
@@ -107,12 +136,15 @@ def main() -> int:
     for b, t in shapes:
         codes = torch.randint(0, 2048, (b, 16, t), generator=g)
         slots, n_new = torch.arange(b), torch.full((b,), t)
+        codes, slots, n_new = codes.to(DEVICE), slots.to(DEVICE), n_new.to(DEVICE)  # no copy in the step
         for _ in range(3):  # cuDNN's search and Triton's compiles outside the figures
             eager(codes, slots, n_new)
         torch.cuda.synchronize()
         spans = Spans(layers)
         whole = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            if DEVICE == "cuda":
+                torch.cuda._sleep(SLEEP_CYCLES)
             whole[0].record()
             eager(codes, slots, n_new)
             whole[1].record()
@@ -121,14 +153,16 @@ def main() -> int:
         for h in spans.handles:
             h.remove()
         step_us = whole[0].elapsed_time(whole[1]) * 1e3
-        by_range = {e.name.removeprefix("layer:"): e for e in prof.events() if e.name.startswith("layer:")}
-        print(f"=== {b} x {t}: step {step_us:.0f} us (events, eager; launch gaps included)")
-        print(f"{'layer':<28}{'us':>8}{'own us':>8}  kernels (us)")
+        ranges, kernels = gpu_kernels(prof)
+        busy = sum(e - s for s, e, _ in kernels if s >= whole_start(ranges, kernels))
+        print(f"=== {b} x {t}: step {step_us:.0f} us (events), kernels {busy:.0f} us, {len(kernels)} kernels; "
+              f"layer ranges on the GPU: {len(ranges)} of {len(names)}")
+        print(f"{'layer':<28}{'us':>8}{'own us':>8}  top kernels (us)")
         for name in names:
-            ks = Counter(kernels_of(by_range[name])) if name in by_range else Counter()
+            ks = inside(ranges[name], kernels) if name in ranges else Counter()
             for n in children(name, names):  # a unit's own kernels: its tail's
-                ks -= Counter(kernels_of(by_range[n])) if n in by_range else Counter()
-            top = ", ".join(f"{k[:48]} {d:.0f}" for (k, d), _ in sorted(ks.items(), key=lambda kv: -kv[0][1])[:3])
+                ks -= inside(ranges[n], kernels) if n in ranges else Counter()
+            top = ", ".join(f"{k[:44]} {d:.0f}" for k, d in ks.most_common(3))
             print(f"{name:<28}{times[name]:>8.1f}{own(name, times, names):>8.1f}  {top}")
         top_level = [n for n in names if not any(n.startswith(o + ".") for o in names if o != n)]
         by_kind: dict[str, float] = defaultdict(float)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+from dataclasses import replace
 
 import torch
 from gpu_timing import timed  # bench/ is the script's directory, first on sys.path
@@ -23,13 +24,24 @@ BLOCKS = ((768, 32), (384, 160), (192, 640), (96, 1920))  # (channels, samples p
 
 
 def sweep_tiles(C: int) -> list[unit.Tiles]:
-    """The tilings tried at ``C`` channels: accumulators of at most 32k fp32 elements."""
+    """The tilings tried at ``C`` channels: accumulators of at most 32k fp32 elements; and, on
+    the two best plain tilings of session 14's first sweep (``LEADERS``), the residual loaded
+    early and the persistent form at 1, 2 and 4 programs per SM."""
     widths = [n for n in (64, 128, 256) if n <= unit.triton.next_power_of_2(C)]
     out = []
     for bn, bm, bk, (w, st) in itertools.product(widths, (64, 128), (32, 64), ((4, 2), (4, 4), (8, 2), (8, 4))):
         if C % bk == 0 and bm * bn <= 32768:
             out.append(unit.Tiles(bm, bn, bk, w, st))
+    for lead in LEADERS.get(C, ()):
+        base = unit.Tiles(*lead)
+        out.append(replace(base, early_x=True))
+        out += [replace(base, persistent=p) for p in (1, 2, 4)]
     return out
+
+
+# (block_m, block_n, block_k, warps, stages): the two best plain tilings per width, session 14 call 1
+LEADERS = {768: ((64, 256, 32, 4, 4), (64, 256, 64, 4, 2)), 384: ((128, 128, 32, 4, 4), (64, 128, 32, 4, 4)),
+           192: ((64, 256, 32, 4, 4), (64, 256, 64, 4, 2)), 96: ((64, 128, 32, 4, 4), (128, 128, 32, 4, 4))}
 
 
 def snr(ref: torch.Tensor, y: torch.Tensor) -> float:
