@@ -26,7 +26,8 @@ BLOCKS = ((768, 32), (384, 160), (192, 640), (96, 1920))  # (channels, samples p
 def sweep_tiles(C: int) -> list[unit.Tiles]:
     """The tilings tried at ``C`` channels: accumulators of at most 32k fp32 elements; and, on
     the two best plain tilings of session 14's first sweep (``LEADERS``), the residual loaded
-    early and the persistent form at 1, 2 and 4 programs per SM."""
+    early. (A persistent form, each program looping over tiles at 1, 2 or 4 programs per SM,
+    was slower everywhere in session 14's second sweep and is gone.)"""
     widths = [n for n in (64, 128, 256) if n <= unit.triton.next_power_of_2(C)]
     out = []
     for bn, bm, bk, (w, st) in itertools.product(widths, (64, 128), (32, 64), ((4, 2), (4, 4), (8, 2), (8, 4))):
@@ -35,7 +36,6 @@ def sweep_tiles(C: int) -> list[unit.Tiles]:
     for lead in LEADERS.get(C, ()):
         base = unit.Tiles(*lead)
         out.append(replace(base, early_x=True))
-        out += [replace(base, persistent=p) for p in (1, 2, 4)]
     return out
 
 

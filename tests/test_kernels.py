@@ -186,13 +186,13 @@ def test_mono_conv_matches_conv1d(layout, dilation):
 
 
 @pytest.mark.parametrize("C", [16, 96])
-@pytest.mark.parametrize("tiles", ["one", "many", "channel tiles", "early residual", "persistent"])
+@pytest.mark.parametrize("tiles", ["one", "many", "channel tiles", "early residual"])
 def test_unit_tail_matches_the_unit_ops(monkeypatch, C, tiles):
     """The residual unit's fused tail equals conv1's bias, SnakeBeta, the 1x1 conv and the
     residual add done one by one; with tiles smaller than the tensors (as on the GPU: a row count
     no tile divides) too, 96 channels padded to a power of two, the output channels split over
-    programs (as for the wide blocks: 96 in tiles of 64, the last one partly masked), the
-    residual loaded before the GEMM, and programs that each loop over several tiles."""
+    programs (as for the wide blocks: 96 in tiles of 64, the last one partly masked), and the
+    residual loaded before the GEMM."""
     if tiles == "many":
         monkeypatch.setattr(unit, "ACC_ELEMENTS", 16 * unit.triton.next_power_of_2(C))
     if tiles == "channel tiles":
@@ -201,9 +201,6 @@ def test_unit_tail_matches_the_unit_ops(monkeypatch, C, tiles):
         monkeypatch.setitem(unit.TILES, C, unit.Tiles(32, 64, 16, 4, 2))
     if tiles == "early residual":
         monkeypatch.setitem(unit.TILES, C, unit.Tiles(32, min(C, 64), 16, 4, 2, early_x=True))
-    if tiles == "persistent":  # 2 programs (one "SM" on CPU) over 4 or 8 tiles, K in slices of 16
-        pytest.skip("Triton's interpreter takes no runtime loop bound (the GPU sweep decides whether this form stays)")
-        monkeypatch.setitem(unit.TILES, C, unit.Tiles(32, min(C, 64), 16, 4, 2, persistent=2))
     g = torch.Generator().manual_seed(4)
     B, L = 3, 37
     x, h = (laid_out(torch.randn(B, C, L, generator=g), "channels_last") for _ in range(2))
@@ -231,6 +228,8 @@ def test_unit_tail_applies_only_where_it_is_exact_and_fast():
     assert not unit.applies(cl.double(), cl.double())  # float64 stays eager
     wide = laid_out(torch.randn(2, 384, 9, generator=g), "channels_last")
     assert unit.applies(wide, wide)  # 384 channels: output channels split over programs
+    assert unit.applies(wide, wide, wide_rows=18) and not unit.applies(wide, wide, wide_rows=19)  # 2 x 9 rows
+    assert unit.applies(cl, cl.clone(), wide_rows=1 << 30)  # up to MAX_N channels: any step
 
 
 def test_unit_tail_tiles_split_wide_units_and_check_the_k_slice():

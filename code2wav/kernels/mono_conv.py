@@ -3,7 +3,7 @@
 cuDNN has no good kernel for a single output channel: its implicit-GEMM fallback took a large
 share of a bf16 step (BENCHMARKS.md). Here each program loads a [time block, all channels] tile per
 tap (any layout, through strides; channels-last makes each tile row contiguous), multiplies by
-that tap's weights into per-channel fp32 sums, and reduces over channels once.
+that tap's weights and reduces over channels in fp32.
 """
 
 from __future__ import annotations
@@ -29,16 +29,14 @@ if triton is not None:
         c = tl.arange(0, BLOCK_C)
         tmask = t < L_out
         cmask = c < C
-        # Per-channel partial sums over the taps first, one reduction over channels at the end:
-        # a reduction is a cross-lane shuffle, an FMA is not.
-        acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_T], dtype=tl.float32)
         base = x_ptr + row.to(tl.int64) * sxb
         for k in tl.static_range(K):
             w = tl.load(w_ptr + c * swc + k * swk, mask=cmask, other=0.0).to(tl.float32)
             tile = tl.load(base + (t[:, None] + k * DIL) * sxt + c[None, :] * sxc,
                            mask=tmask[:, None] & cmask[None, :], other=0.0).to(tl.float32)
-            acc += tile * w[None, :]
-        acc = tl.sum(acc, axis=1) + tl.load(b_ptr).to(tl.float32)
+            acc += tl.sum(tile * w[None, :], axis=1)
+        acc += tl.load(b_ptr).to(tl.float32)
         tl.store(y_ptr + row.to(tl.int64) * L_out + t, acc.to(y_ptr.dtype.element_ty), mask=tmask)
 
 

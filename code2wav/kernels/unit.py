@@ -38,7 +38,6 @@ class Tiles:
     num_warps: int
     num_stages: int
     early_x: bool = False  # load the residual before the K loop (in flight during the GEMM)
-    persistent: int = 0  # >0: that many programs per SM, each looping over tiles (one flat loop)
 
 
 def generic_tiles(C: int) -> Tiles:
@@ -51,7 +50,8 @@ def generic_tiles(C: int) -> Tiles:
 
 # Per channel count, from bench/unit_tail.py's sweep (bf16, 16 x 25 frames; figures in
 # BENCHMARKS.md). Knob: edit here after a sweep on new hardware.
-TILES: dict[int, Tiles] = {96: Tiles(128, 128, 32, 4, 4), 192: Tiles(64, 256, 32, 4, 4)}
+TILES: dict[int, Tiles] = {96: Tiles(64, 128, 32, 4, 4, early_x=True), 192: Tiles(64, 256, 32, 4, 4),
+                           768: Tiles(64, 256, 32, 4, 4)}
 
 
 def tiles_for(C: int) -> Tiles:
@@ -109,32 +109,6 @@ if triton is not None:
             res = tl.load(x_ptr + x_rows + rn, mask=m, other=0.0)
         _tail_store(acc, res, y_ptr, b2_ptr, rm, rn, M, C)
 
-    @triton.jit
-    def _unit_tail_persistent_kernel(h_ptr, x_ptr, w_ptr, y_ptr, b1_ptr, alpha_ptr, beta_ptr, b2_ptr, M, L, shb, sxb,
-                                     swn, swk, ITERS, C: tl.constexpr, FAST_SIN: tl.constexpr, NUM_STAGES: tl.constexpr,
-                                     N_TILES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                                     BLOCK_K: tl.constexpr):
-        # Program p takes tiles p, p + P, ...; one flat loop over (tile, K slice), so the loads of
-        # the next tile's first slice are pipelined behind this tile's last. Every program runs
-        # ITERS (the most any needs); a tile past the last one is all masked rows.
-        K_TILES: tl.constexpr = C // BLOCK_K
-        P = tl.num_programs(0)
-        tile = tl.program_id(0)
-        ki = 0
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for _ in tl.range(0, ITERS, num_stages=NUM_STAGES):
-            rm, rn, h_rows, x_rows = _tail_rows(tile, M, L, shb, sxb, C, N_TILES, BLOCK_M, BLOCK_N)
-            acc = _tail_product(acc, h_ptr, w_ptr, b1_ptr, alpha_ptr, beta_ptr, h_rows, rm, rn, ki * BLOCK_K, M,
-                                swn, swk, C, FAST_SIN, BLOCK_K)
-            if ki == K_TILES - 1:
-                res = tl.load(x_ptr + x_rows + rn, mask=(rm < M) & (rn < C), other=0.0)
-                _tail_store(acc, res, y_ptr, b2_ptr, rm, rn, M, C)
-                acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-                tile += P
-                ki = 0
-            else:
-                ki += 1
-
 
 @functools.cache
 def _sm_count(device: torch.device) -> int:
@@ -153,14 +127,16 @@ def rows_per_program(rows: int, block_n: int, sms: int, fill_sms: bool = True, n
     return min(block_m, ACC_ELEMENTS // block_n, fill)
 
 
-def applies(x: Tensor, h: Tensor) -> bool:
+def applies(x: Tensor, h: Tensor, wide_rows: int = 0) -> bool:
     """Where the fused tail runs: bf16/fp16 on CUDA (float32 keeps cuDNN's exact convs; an IEEE
     float32 Triton GEMM is slow), channels-last activations (the CUDA default: the unit's input
     and the k=7 conv's output are then ``[L, C]`` matrices per row), channels a multiple of
-    ``MIN_K``. (Tests run it on CPU float32 through Triton's interpreter, where its dot is exact.)"""
-    C = x.shape[1]
+    ``MIN_K``; past ``MAX_N`` channels, only in steps of at least ``wide_rows`` rows
+    (``LayerChoices.unit_wide_rows``). (Tests run it on CPU float32 through Triton's
+    interpreter, where its dot is exact.)"""
+    B, C, L = x.shape
     return (snake.fused(x) and not (x.is_cuda and x.dtype == torch.float32) and x.shape == h.shape
-            and is_channels_last(x) and is_channels_last(h) and C % MIN_K == 0)
+            and is_channels_last(x) and is_channels_last(h) and C % MIN_K == 0 and (C <= MAX_N or B * L >= wide_rows))
 
 
 def unit_tail(h: Tensor, x: Tensor, w2: Tensor, b1: Tensor, alpha: Tensor, beta: Tensor, b2: Tensor,
@@ -182,10 +158,5 @@ def unit_tail(h: Tensor, x: Tensor, w2: Tensor, b1: Tensor, alpha: Tensor, beta:
     args = (h, x, w2, y, b1, alpha, beta, b2, M, L, h.stride(0), x.stride(0), w2.stride(0), w2.stride(1))
     consts = dict(C=C, FAST_SIN=fast_sin(x), NUM_STAGES=t.num_stages, N_TILES=n_tiles, BLOCK_M=block_m,
                   BLOCK_N=t.block_n, BLOCK_K=t.block_k, num_warps=t.num_warps)
-    if t.persistent:
-        programs = min(tiles, t.persistent * sms)
-        iters = triton.cdiv(tiles, programs) * (C // t.block_k)
-        _unit_tail_persistent_kernel[(programs,)](*args, iters, **consts)
-    else:
-        _unit_tail_kernel[(tiles,)](*args, EARLY_X=t.early_x, **consts)
+    _unit_tail_kernel[(tiles,)](*args, EARLY_X=t.early_x, **consts)
     return y

@@ -32,6 +32,10 @@ class LayerChoices:
     # The residual units' fused tails (kernels/unit.py) take fewer rows per program in small
     # steps, until there are about as many programs as SMs (False: fixed 128-row tiles).
     unit_fill_sms: bool = True
+    # Residual units wider than kernels/unit.py's MAX_N channels run the fused tail only in steps
+    # of at least this many rows (rows x samples); smaller steps keep the separate ops, where the
+    # tail's long K loop on a few programs is slower than cuBLAS's split K (0: always fused).
+    unit_wide_rows: int = 0
     # Few-row float32 products (the low-rate stages of small steps) through the Triton
     # GEMV-style kernel (kernels/skinny.py) instead of cuBLAS.
     skinny: bool = True
@@ -41,6 +45,8 @@ class LayerChoices:
             raise ValueError(f"conv_fold must be one of {FOLDS}, got {self.conv_fold!r}")
         if self.conv_gemm_rows < 0:
             raise ValueError(f"conv_gemm_rows must be >= 0, got {self.conv_gemm_rows}")
+        if self.unit_wide_rows < 0:
+            raise ValueError(f"unit_wide_rows must be >= 0, got {self.unit_wide_rows}")
 
 
 DEFAULT_CHOICES = LayerChoices()

@@ -223,7 +223,7 @@ class ResidualUnit(nn.Module):
 
     def forward(self, x: Tensor, step: Step | None = None) -> Tensor:
         h = self.conv1(x, step, add_bias=False, act=self.act1)
-        if unit.applies(x, h):  # conv1's bias, act2, conv2 and the residual in one pass (conv2 has no state)
+        if unit.applies(x, h, self.choices.unit_wide_rows):  # conv1's bias, act2, conv2 and the residual in one pass (conv2 has no state)
             return unit.unit_tail(h, x, self.conv2.conv.weight, self.conv1.conv.bias, self.act2.alpha, self.act2.beta, self.conv2.conv.bias,
                                   fill_sms=self.choices.unit_fill_sms)
         h = self.act2(h, bias=self.conv1.conv.bias)
