@@ -21,9 +21,8 @@ from code2wav.stream.runner import EagerRunner
 
 def layer_choices(layout: str) -> tuple[str, LayerChoices]:
     """A layout name's suffixes (``-fold=``, ``-convt=cudnn``, ``-skinny=0``, ``-unitfill=0``,
-    ``-gemmrows=N``, ``-unitwide=N``, in that order) as the model's :class:`LayerChoices`, each field the
+    ``-gemmrows=N``, in that order) as the model's :class:`LayerChoices`, each field the
     default unless its suffix is there; returns the name without them."""
-    layout, _, wide_rows = layout.partition("-unitwide=")
     layout, _, gemm_rows = layout.partition("-gemmrows=")
     layout, _, unit_fill = layout.partition("-unitfill=")
     layout, _, skinny_on = layout.partition("-skinny=")
@@ -31,8 +30,7 @@ def layer_choices(layout: str) -> tuple[str, LayerChoices]:
     layout, _, fold = layout.partition("-fold=")
     d = DEFAULT_CHOICES
     return layout, replace(d, conv_fold=fold or d.conv_fold, conv_gemm_rows=int(gemm_rows) if gemm_rows else d.conv_gemm_rows,
-                           convt_gemm=convt != "cudnn", unit_fill_sms=unit_fill != "0", skinny=skinny_on != "0",
-                           unit_wide_rows=int(wide_rows) if wide_rows else d.unit_wide_rows)
+                           convt_gemm=convt != "cudnn", unit_fill_sms=unit_fill != "0", skinny=skinny_on != "0")
 
 
 def main() -> int:
@@ -47,9 +45,7 @@ def main() -> int:
     ``LayerChoices.unit_fill_sms``; it goes before ``-gemmrows``); ``...-skinny=0`` runs the
     few-row float32 products through cuBLAS (the A/B of ``LayerChoices.skinny``; before
     ``-unitfill``). Each suffix sets that field of the model's layer choices (the others keep
-    their defaults); ``...-unitwide=N`` fuses the tails of units wider than 256 channels only in
-    steps of N rows or more (the A/B of ``LayerChoices.unit_wide_rows``; it goes last). Each
-    layout's eager 16x25, 1x25 and 1x1 steps are profiled."""
+    their defaults). Each layout's eager 16x25, 1x25 and 1x1 steps are profiled."""
     dtype = getattr(torch, sys.argv[1] if len(sys.argv) > 1 else "bfloat16")
     layouts = sys.argv[2].split(",") if len(sys.argv) > 2 else ["channels_last"]  # the CUDA default
     configure_cuda(dtype)

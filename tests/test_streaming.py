@@ -354,7 +354,7 @@ def test_stream_with_prefix_ended_before_its_first_step(small64):
 
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
 @pytest.mark.parametrize("dilation", [1, 3, 9])
-@pytest.mark.parametrize("fold", ["all", "dilated", "none"])
+@pytest.mark.parametrize("fold", ["all", "dilated", "multi-row", "none"])
 def test_folded_conv_equals_the_dilated_conv(monkeypatch, layout, dilation, fold):
     """A full conv may run as an undilated (7, 1) conv over a [B, C, T/d, d] view of its input:
     equal (float64) to the causal dilated conv1d, for lengths no multiple of the dilation, whole

@@ -6,9 +6,10 @@ seven reads and writes of the activation, and the 1x1 conv's output rounded once
 conv is memory-bound at every block's width, so here it is one tiled GEMM over the rows of the
 channels-last ``[B*L, C]`` matrix: SnakeBeta (with the k=7 conv's bias) is applied to each A tile
 as it is loaded, and the bias and residual are added to the fp32 accumulator before the one
-rounding to the output dtype. A program covers ``block_n`` output channels; where that is fewer
-than ``C``, the programs of one row tile sit next to each other in launch order, so the rows
-they all read come from L2, and each recomputes SnakeBeta on them (cheap next to the traffic).
+rounding to the output dtype. A program covers ``block_n`` output channels (all of them in the
+tiles measured best); where that is fewer than ``C``, the programs of one row tile sit next to
+each other in launch order, so the rows they all read come from L2, and each recomputes
+SnakeBeta on them.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from code2wav.kernels.snake import fast_sin, is_channels_last, triton
 ACC_ELEMENTS = 128 * 128  # the fp32 accumulator's elements at most (128 x 256 spilled registers)
 MIN_K = 16  # the GEMM's input-channel slice: 32, or 16 for channel counts it does not divide
 MAX_N = 256  # output channels per program at most
+MAX_C = 256  # the units it serves: the 384- and 768-channel ones (1/5 of the elements) keep the
+#              separate ops, which replayed as fast or faster at every step shape (BENCHMARKS.md)
 
 
 @dataclass(frozen=True)
@@ -50,8 +53,7 @@ def generic_tiles(C: int) -> Tiles:
 
 # Per channel count, from bench/unit_tail.py's sweep (bf16, 16 x 25 frames; figures in
 # BENCHMARKS.md). Knob: edit here after a sweep on new hardware.
-TILES: dict[int, Tiles] = {96: Tiles(64, 128, 32, 4, 4, early_x=True), 192: Tiles(64, 256, 32, 4, 4),
-                           768: Tiles(64, 256, 32, 4, 4)}
+TILES: dict[int, Tiles] = {96: Tiles(64, 128, 32, 4, 4, early_x=True), 192: Tiles(64, 256, 32, 4, 4)}
 
 
 def tiles_for(C: int) -> Tiles:
@@ -127,16 +129,15 @@ def rows_per_program(rows: int, block_n: int, sms: int, fill_sms: bool = True, n
     return min(block_m, ACC_ELEMENTS // block_n, fill)
 
 
-def applies(x: Tensor, h: Tensor, wide_rows: int = 0) -> bool:
+def applies(x: Tensor, h: Tensor) -> bool:
     """Where the fused tail runs: bf16/fp16 on CUDA (float32 keeps cuDNN's exact convs; an IEEE
     float32 Triton GEMM is slow), channels-last activations (the CUDA default: the unit's input
     and the k=7 conv's output are then ``[L, C]`` matrices per row), channels a multiple of
-    ``MIN_K``; past ``MAX_N`` channels, only in steps of at least ``wide_rows`` rows
-    (``LayerChoices.unit_wide_rows``). (Tests run it on CPU float32 through Triton's
-    interpreter, where its dot is exact.)"""
-    B, C, L = x.shape
+    ``MIN_K`` up to ``MAX_C``. (Tests run it on CPU float32 through Triton's interpreter, where
+    its dot is exact.)"""
+    C = x.shape[1]
     return (snake.fused(x) and not (x.is_cuda and x.dtype == torch.float32) and x.shape == h.shape
-            and is_channels_last(x) and is_channels_last(h) and C % MIN_K == 0 and (C <= MAX_N or B * L >= wide_rows))
+            and is_channels_last(x) and is_channels_last(h) and C % MIN_K == 0 and C <= MAX_C)
 
 
 def unit_tail(h: Tensor, x: Tensor, w2: Tensor, b1: Tensor, alpha: Tensor, beta: Tensor, b2: Tensor,

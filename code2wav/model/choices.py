@@ -12,14 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Fold = Literal["dilated", "all", "none"]
-FOLDS: tuple[str, ...] = ("dilated", "all", "none")
+Fold = Literal["dilated", "multi-row", "all", "none"]
+FOLDS: tuple[str, ...] = ("dilated", "multi-row", "all", "none")
 
 
 @dataclass(frozen=True)
 class LayerChoices:
     # Which full convs run folded (a dilated conv as an undilated (k, 1) conv over a free
-    # [B, C, T/d, d] view): "dilated" (d > 1, in steps of two rows or more), "all", "none".
+    # [B, C, T/d, d] view): "dilated" (d > 1, in steps of two rows or more), "multi-row" (any d,
+    # in steps of two rows or more: at d = 1 the view is [B, C, T, 1], a form cuDNN may pick a
+    # different kernel for), "all", "none".
     # One-row steps stay unfolded: cuDNN added layout conversions there (CausalConv1d).
     conv_fold: Fold = "dilated"
     # Full convs whose output has at most this many samples (rows x time) run as one GEMM over
@@ -32,10 +34,6 @@ class LayerChoices:
     # The residual units' fused tails (kernels/unit.py) take fewer rows per program in small
     # steps, until there are about as many programs as SMs (False: fixed 128-row tiles).
     unit_fill_sms: bool = True
-    # Residual units wider than kernels/unit.py's MAX_N channels run the fused tail only in steps
-    # of at least this many rows (rows x samples); smaller steps keep the separate ops, where the
-    # tail's long K loop on a few programs is slower than cuBLAS's split K (0: always fused).
-    unit_wide_rows: int = 0
     # Few-row float32 products (the low-rate stages of small steps) through the Triton
     # GEMV-style kernel (kernels/skinny.py) instead of cuBLAS.
     skinny: bool = True
@@ -45,8 +43,7 @@ class LayerChoices:
             raise ValueError(f"conv_fold must be one of {FOLDS}, got {self.conv_fold!r}")
         if self.conv_gemm_rows < 0:
             raise ValueError(f"conv_gemm_rows must be >= 0, got {self.conv_gemm_rows}")
-        if self.unit_wide_rows < 0:
-            raise ValueError(f"unit_wide_rows must be >= 0, got {self.unit_wide_rows}")
+
 
 
 DEFAULT_CHOICES = LayerChoices()

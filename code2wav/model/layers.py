@@ -59,8 +59,7 @@ class CausalConv1d(StreamingLayer):
         if instant.active() and (c.groups == 1 or c.groups == c.in_channels == c.out_channels):  # full or depthwise
             return self._by_taps(self._with_history(x, step, act, act_bias), bias, L)
         mono = self.conv.out_channels == 1 and add_bias  # the output conv: cuDNN is slow for one channel
-        folded = (not mono and self.conv.groups == 1 and self.history > 0
-                  and (self.choices.conv_fold == "all" or (self.choices.conv_fold == "dilated" and d > 1 and len(x) > 1)))
+        folded = not mono and self.conv.groups == 1 and self.history > 0 and self._folds(d, len(x))
         xx = self._with_history(x, step, act, act_bias, multiple=d if folded else 1)
         if mono:
             return mono_conv(xx, self.conv.weight, bias, d)
@@ -74,6 +73,11 @@ class CausalConv1d(StreamingLayer):
             return y.flatten(2)[..., :L]
         w = self.conv.weight.unsqueeze(2)
         return F.conv2d(xx.unsqueeze(2), w, bias, dilation=(1, d), groups=self.conv.groups).squeeze(2)
+
+    def _folds(self, d: int, rows: int) -> bool:
+        """Whether this (full, stateful) conv runs folded in a step of ``rows`` rows."""
+        fold = self.choices.conv_fold
+        return fold == "all" or (rows > 1 and (fold == "multi-row" or (fold == "dilated" and d > 1)))
 
     def _by_taps(self, xx: Tensor, bias: Tensor | None, L: int) -> Tensor:
         """The instant form (kernels/instant.py) of the conv over ``xx`` = [history, new]: the sum
@@ -223,7 +227,7 @@ class ResidualUnit(nn.Module):
 
     def forward(self, x: Tensor, step: Step | None = None) -> Tensor:
         h = self.conv1(x, step, add_bias=False, act=self.act1)
-        if unit.applies(x, h, self.choices.unit_wide_rows):  # conv1's bias, act2, conv2 and the residual in one pass (conv2 has no state)
+        if unit.applies(x, h):  # conv1's bias, act2, conv2 and the residual in one pass (conv2 has no state)
             return unit.unit_tail(h, x, self.conv2.conv.weight, self.conv1.conv.bias, self.act2.alpha, self.act2.beta, self.conv2.conv.bias,
                                   fill_sms=self.choices.unit_fill_sms)
         h = self.act2(h, bias=self.conv1.conv.bias)

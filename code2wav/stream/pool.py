@@ -132,9 +132,12 @@ class StatePool:
 
     def restore(self, slot: int, state: dict[str, Tensor]) -> None:
         """Write a ``snapshot`` into ``slot`` (in stream order on the pool's device). One foreach
-        copy, not one per buffer: a cache hit costs the worker a few launches, not dozens."""
+        copy of the rows, not one per buffer, so a cache hit costs the worker a few launches, not
+        dozens; the position (int64) is copied apart, because torch's fused foreach copy wants one
+        dtype across each list: a second dtype sends every tensor down a copy of its own."""
         rows, position = self._rows[slot]
-        torch._foreach_copy_([*rows, position], [*(state[key] for key in self.buffers), state["position"]], non_blocking=True)
+        torch._foreach_copy_(list(rows), [state[key] for key in self.buffers], non_blocking=True)
+        position.copy_(state["position"], non_blocking=True)
 
     def _inputs(self, x: Tensor, slots: Tensor, n_new: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         # A no-op for device tensors (so a pass stays pure device work with static shapes: what
