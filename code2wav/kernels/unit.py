@@ -66,50 +66,34 @@ if triton is not None:
     from code2wav.kernels.snake import snake_params, snake_value
 
     @triton.jit
-    def _tail_rows(tile, M, L, shb, sxb, C: tl.constexpr, N_TILES: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr):
-        """A tile's rows and channels: the channel tile varies fastest, so neighbours in launch
-        order read the same rows."""
-        rm = (tile // N_TILES) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]  # [BM, 1]: row b*L + t
-        rn = (tile % N_TILES) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # [1, BN]: output channels
-        b, t = rm // L, rm % L  # per row, not per element
-        h_rows = b.to(tl.int64) * shb + t * C  # h and x may have batch strides past L * C
-        x_rows = b.to(tl.int64) * sxb + t * C
-        return rm, rn, h_rows, x_rows
-
-    @triton.jit
-    def _tail_product(acc, h_ptr, w_ptr, b1_ptr, alpha_ptr, beta_ptr, h_rows, rm, rn, k0, M, swn, swk,
-                      C: tl.constexpr, FAST_SIN: tl.constexpr, BLOCK_K: tl.constexpr):
-        """``acc + snake(h + b1)[:, k0 : k0 + BK] @ W2[:, k0 : k0 + BK].T`` (BLOCK_K divides C)."""
-        rk = k0 + tl.arange(0, BLOCK_K)[None, :]  # [1, BK]
-        a = tl.load(h_ptr + h_rows + rk, mask=rm < M, other=0.0).to(tl.float32)
-        a += tl.load(b1_ptr + rk).to(tl.float32)
-        sa, inv_b = snake_params(alpha_ptr, beta_ptr, rk, C)
-        a = snake_value(a, sa, inv_b, FAST_SIN).to(w_ptr.dtype.element_ty)  # the 1x1 conv's input dtype
-        w = tl.load(w_ptr + rn * swn + tl.trans(rk) * swk, mask=rn < C, other=0.0)  # [BK, BN] = W2[n, k]
-        return tl.dot(a, w, acc)
-
-    @triton.jit
-    def _tail_store(acc, res, y_ptr, b2_ptr, rm, rn, M, C: tl.constexpr):
-        acc += tl.load(b2_ptr + rn, mask=rn < C, other=0.0).to(tl.float32)
-        acc += res.to(tl.float32)
-        tl.store(y_ptr + rm.to(tl.int64) * C + rn, acc.to(y_ptr.dtype.element_ty), mask=(rm < M) & (rn < C))
-
-    @triton.jit
     def _unit_tail_kernel(h_ptr, x_ptr, w_ptr, y_ptr, b1_ptr, alpha_ptr, beta_ptr, b2_ptr, M, L, shb, sxb, swn, swk,
                           C: tl.constexpr, FAST_SIN: tl.constexpr, NUM_STAGES: tl.constexpr, N_TILES: tl.constexpr,
                           EARLY_X: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        rm, rn, h_rows, x_rows = _tail_rows(tl.program_id(0), M, L, shb, sxb, C, N_TILES, BLOCK_M, BLOCK_N)
-        m = (rm < M) & (rn < C)
-        if EARLY_X:
+        pid = tl.program_id(0)  # the channel tile varies fastest: neighbours read the same rows
+        rm = (pid // N_TILES) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]  # [BM, 1]: row b*L + t
+        rn = (pid % N_TILES) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # [1, BN]: output channels
+        mmask = rm < M
+        nmask = rn < C
+        m = mmask & nmask
+        b, t = rm // L, rm % L  # per row, not per element
+        h_rows = b.to(tl.int64) * shb + t * C  # h and x may have batch strides past L * C
+        x_rows = b.to(tl.int64) * sxb + t * C
+        if EARLY_X:  # in flight during the GEMM
             res = tl.load(x_ptr + x_rows + rn, mask=m, other=0.0)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in tl.range(0, C, BLOCK_K, num_stages=NUM_STAGES):
-            acc = _tail_product(acc, h_ptr, w_ptr, b1_ptr, alpha_ptr, beta_ptr, h_rows, rm, rn, k0, M, swn, swk,
-                                C, FAST_SIN, BLOCK_K)
+        for k0 in tl.range(0, C, BLOCK_K, num_stages=NUM_STAGES):  # BLOCK_K divides C: no K mask
+            rk = k0 + tl.arange(0, BLOCK_K)[None, :]  # [1, BK]
+            a = tl.load(h_ptr + h_rows + rk, mask=mmask, other=0.0).to(tl.float32)
+            a += tl.load(b1_ptr + rk).to(tl.float32)
+            sa, inv_b = snake_params(alpha_ptr, beta_ptr, rk, C)
+            a = snake_value(a, sa, inv_b, FAST_SIN).to(w_ptr.dtype.element_ty)  # the 1x1 conv's input dtype
+            w = tl.load(w_ptr + rn * swn + tl.trans(rk) * swk, mask=nmask, other=0.0)  # [BK, BN] = W2[n, k]
+            acc = tl.dot(a, w, acc)
         if not EARLY_X:
             res = tl.load(x_ptr + x_rows + rn, mask=m, other=0.0)
-        _tail_store(acc, res, y_ptr, b2_ptr, rm, rn, M, C)
+        acc += tl.load(b2_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
+        acc += res.to(tl.float32)
+        tl.store(y_ptr + rm.to(tl.int64) * C + rn, acc.to(y_ptr.dtype.element_ty), mask=m)
 
 
 @functools.cache
@@ -153,11 +137,10 @@ def unit_tail(h: Tensor, x: Tensor, w2: Tensor, b1: Tensor, alpha: Tensor, beta:
         raise ValueError(f"the K slice {t.block_k} must divide {C} channels")
     y = torch.empty(B, L, C, device=x.device, dtype=x.dtype).transpose(1, 2)
     n_tiles = triton.cdiv(C, t.block_n)
-    sms = _sm_count(x.device)
-    block_m = rows_per_program(M, t.block_n, sms, fill_sms, n_tiles, t.block_m)
-    tiles = triton.cdiv(M, block_m) * n_tiles
-    args = (h, x, w2, y, b1, alpha, beta, b2, M, L, h.stride(0), x.stride(0), w2.stride(0), w2.stride(1))
-    consts = dict(C=C, FAST_SIN=fast_sin(x), NUM_STAGES=t.num_stages, N_TILES=n_tiles, BLOCK_M=block_m,
-                  BLOCK_N=t.block_n, BLOCK_K=t.block_k, num_warps=t.num_warps)
-    _unit_tail_kernel[(tiles,)](*args, EARLY_X=t.early_x, **consts)
+    block_m = rows_per_program(M, t.block_n, _sm_count(x.device), fill_sms, n_tiles, t.block_m)
+    _unit_tail_kernel[(triton.cdiv(M, block_m) * n_tiles,)](
+        h, x, w2, y, b1, alpha, beta, b2, M, L, h.stride(0), x.stride(0), w2.stride(0), w2.stride(1),
+        C=C, FAST_SIN=fast_sin(x), NUM_STAGES=t.num_stages, N_TILES=n_tiles, EARLY_X=t.early_x,
+        BLOCK_M=block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, num_warps=t.num_warps,
+    )
     return y

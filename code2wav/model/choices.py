@@ -45,5 +45,4 @@ class LayerChoices:
             raise ValueError(f"conv_gemm_rows must be >= 0, got {self.conv_gemm_rows}")
 
 
-
 DEFAULT_CHOICES = LayerChoices()
