@@ -114,7 +114,14 @@ def main() -> int:
     # The target, for the default bf16 model (low-rate stages in float32 / TF32), and the
     # all-bf16 model's figure for comparison.
     snr_all = snr_db(ref, graph_stream(load(weights, torch.bfloat16, "cuda", torch.bfloat16), codes).float())
-    check("graph bf16 stream SNR >= 30 dB vs fp64", snr >= 30.0, f"{snr:.1f} dB; all-bf16 (low-rate stages bf16 too) {snr_all:.1f} dB")
+    snr_lr16 = snr_db(ref, graph_stream(load(weights, torch.bfloat16, "cuda", torch.float16), codes).float())
+    check("graph bf16 stream SNR >= 30 dB vs fp64", snr >= 30.0, f"{snr:.1f} dB; all-bf16 (low-rate stages bf16 too) {snr_all:.1f} dB;"
+          f" low-rate stages float16 {snr_lr16:.1f} dB")
+    # 3a. Every residual unit as one kernel (LayerChoices.unit_conv_rows=1: at every step size
+    # its tiles cover): the bf16 stream within the same bound.
+    one_kernel = replace(m32.layer_choices, unit_conv_rows=1)
+    snr_uc = snr_db(ref, graph_stream(load(weights, torch.bfloat16, "cuda", layers=one_kernel), codes).float())
+    check("residual units as one kernel: bf16 stream SNR >= 30 dB", snr_uc >= 30.0, f"{snr_uc:.1f} dB (default layers {snr:.1f} dB)")
 
     # 3b. fp16 (same tensor-core speed, 3 more mantissa bits): the same stream through graphs.
     out16 = graph_stream(load(weights, torch.float16, "cuda"), codes).float()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from dataclasses import replace
@@ -18,19 +19,29 @@ from code2wav.model.loading import configure_cuda
 from code2wav.stream.pool import StatePool
 from code2wav.stream.runner import EagerRunner
 
+# A layout's ``-name=value`` suffixes, any order: the LayerChoices field each sets, from its text.
+SUFFIXES = {
+    "fold": ("conv_fold", str),
+    "convt": ("convt_gemm", lambda v: v != "cudnn"),
+    "skinny": ("skinny", lambda v: v != "0"),
+    "unitfill": ("unit_fill_sms", lambda v: v != "0"),
+    "gemmrows": ("conv_gemm_rows", int),
+    "unitconv": ("unit_conv_rows", int),
+}
+
 
 def layer_choices(layout: str) -> tuple[str, LayerChoices]:
-    """A layout name's suffixes (``-fold=``, ``-convt=cudnn``, ``-skinny=0``, ``-unitfill=0``,
-    ``-gemmrows=N``, in that order) as the model's :class:`LayerChoices`, each field the
-    default unless its suffix is there; returns the name without them."""
-    layout, _, gemm_rows = layout.partition("-gemmrows=")
-    layout, _, unit_fill = layout.partition("-unitfill=")
-    layout, _, skinny_on = layout.partition("-skinny=")
-    layout, _, convt = layout.partition("-convt=")
-    layout, _, fold = layout.partition("-fold=")
-    d = DEFAULT_CHOICES
-    return layout, replace(d, conv_fold=fold or d.conv_fold, conv_gemm_rows=int(gemm_rows) if gemm_rows else d.conv_gemm_rows,
-                           convt_gemm=convt != "cudnn", unit_fill_sms=unit_fill != "0", skinny=skinny_on != "0")
+    """A layout name's ``-name=value`` suffixes (``SUFFIXES``: ``-fold=``, ``-convt=cudnn``,
+    ``-skinny=0``, ``-unitfill=0``, ``-gemmrows=N``, ``-unitconv=N``) as the model's
+    :class:`LayerChoices`, each field the default unless its suffix is there; returns the name
+    without them."""
+    name, *settings = re.split(r"-(?=\w+=)", layout)  # a value may hold a hyphen: fold=multi-row
+    fields = {}
+    for setting in settings:
+        key, _, value = setting.partition("=")
+        field, parse = SUFFIXES[key]
+        fields[field] = parse(value)
+    return name, replace(DEFAULT_CHOICES, **fields)
 
 
 def main() -> int:
@@ -40,12 +51,12 @@ def main() -> int:
     (the A/B of ``LayerChoices.conv_fold``); ``...-convt=cudnn`` runs the ConvTranspose layers as
     cuDNN's transposed conv, not GEMMs (the A/B of ``LayerChoices.convt_gemm``);
     ``...-gemmrows=N`` runs full convs of at most N output samples as GEMMs (the A/B of
-    ``LayerChoices.conv_gemm_rows``; it goes last in the name); ``...-unitfill=0`` keeps the
-    residual units' fused tails at fixed 128-row tiles in small steps (the A/B of
-    ``LayerChoices.unit_fill_sms``; it goes before ``-gemmrows``); ``...-skinny=0`` runs the
-    few-row float32 products through cuBLAS (the A/B of ``LayerChoices.skinny``; before
-    ``-unitfill``). Each suffix sets that field of the model's layer choices (the others keep
-    their defaults). Each layout's eager 16x25, 1x25 and 1x1 steps are profiled."""
+    ``LayerChoices.conv_gemm_rows``); ``...-unitfill=0`` keeps the residual units' fused tails
+    at fixed 128-row tiles in small steps (the A/B of ``LayerChoices.unit_fill_sms``);
+    ``...-skinny=0`` runs the few-row float32 products through cuBLAS (the A/B of
+    ``LayerChoices.skinny``); ``...-unitconv=N`` runs a residual unit as one kernel in steps of
+    at least N samples (the A/B of ``LayerChoices.unit_conv_rows``). Each suffix sets that field
+    of the model's layer choices (the others keep their defaults); ``-unfused`` goes first. Each layout's eager 16x25, 1x25 and 1x1 steps are profiled."""
     dtype = getattr(torch, sys.argv[1] if len(sys.argv) > 1 else "bfloat16")
     layouts = sys.argv[2].split(",") if len(sys.argv) > 2 else ["channels_last"]  # the CUDA default
     configure_cuda(dtype)

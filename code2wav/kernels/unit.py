@@ -97,7 +97,7 @@ if triton is not None:
 
 
 @functools.cache
-def _sm_count(device: torch.device) -> int:
+def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
@@ -137,7 +137,7 @@ def unit_tail(h: Tensor, x: Tensor, w2: Tensor, b1: Tensor, alpha: Tensor, beta:
         raise ValueError(f"the K slice {t.block_k} must divide {C} channels")
     y = torch.empty(B, L, C, device=x.device, dtype=x.dtype).transpose(1, 2)
     n_tiles = triton.cdiv(C, t.block_n)
-    block_m = rows_per_program(M, t.block_n, _sm_count(x.device), fill_sms, n_tiles, t.block_m)
+    block_m = rows_per_program(M, t.block_n, sm_count(x.device), fill_sms, n_tiles, t.block_m)
     _unit_tail_kernel[(triton.cdiv(M, block_m) * n_tiles,)](
         h, x, w2, y, b1, alpha, beta, b2, M, L, h.stride(0), x.stride(0), w2.stride(0), w2.stride(1),
         C=C, FAST_SIN=fast_sin(x), NUM_STAGES=t.num_stages, N_TILES=n_tiles, EARLY_X=t.early_x,

@@ -34,6 +34,11 @@ class LayerChoices:
     # The residual units' fused tails (kernels/unit.py) take fewer rows per program in small
     # steps, until there are about as many programs as SMs (False: fixed 128-row tiles).
     unit_fill_sms: bool = True
+    # A residual unit runs as one kernel after its history concat (kernels/unit_conv.py: the
+    # dilated conv as an implicit GEMM, its tail in registers) in steps of at least this many
+    # output samples (rows x time at the unit's rate; 0: never): below it too few programs fill
+    # the GPU, and cuDNN's conv with the separate fused tail is faster.
+    unit_conv_rows: int = 0
     # Few-row float32 products (the low-rate stages of small steps) through the Triton
     # GEMV-style kernel (kernels/skinny.py) instead of cuBLAS.
     skinny: bool = True
@@ -41,8 +46,9 @@ class LayerChoices:
     def __post_init__(self) -> None:
         if self.conv_fold not in FOLDS:
             raise ValueError(f"conv_fold must be one of {FOLDS}, got {self.conv_fold!r}")
-        if self.conv_gemm_rows < 0:
-            raise ValueError(f"conv_gemm_rows must be >= 0, got {self.conv_gemm_rows}")
+        for name in ("conv_gemm_rows", "unit_conv_rows"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 
 DEFAULT_CHOICES = LayerChoices()

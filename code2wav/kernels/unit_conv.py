@@ -1,0 +1,209 @@
+"""A whole residual unit after its history concat as one Triton kernel on CUDA: the dilated k=7
+conv, then ``x + b2 + W2 @ snake(h + b1)``.
+
+Done as two launches (cuDNN's conv, then kernels/unit.py's fused tail), the conv's output ``h``
+is written to memory in the activation dtype and read back: two of the unit's five passes over
+the activation, and one more rounding. Here the conv is an implicit GEMM over the history concat
+``xx`` (``[B, C, H + L]`` channels-last, SnakeBeta already applied by kernels/history.py): output
+``t`` of a row is the sum over taps ``j`` of row ``t + j * d`` of ``xx`` times tap ``j``'s
+weights, so a program's ``A`` tiles for the seven taps are seven row windows of one matrix, read
+through L2. The fp32 accumulator then goes through SnakeBeta (with the conv's bias) in registers,
+is rounded once to the weights' dtype, and is the ``A`` of the 1x1 conv's GEMM; bias and residual
+are added to that accumulator before the one rounding to the output.
+
+``tl.dot`` wants power-of-two widths, and the decoder's widths are not (96, 192, 384): a width
+``C`` is split into ``CA`` (the largest power of two below it) and ``CB = C - CA`` (a power of two
+too for all of them), two accumulators side by side, so no lane computes padding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from code2wav.kernels import snake
+from code2wav.kernels.snake import fast_sin, is_channels_last, triton
+from code2wav.kernels.unit import sm_count
+
+
+@dataclass(frozen=True)
+class ConvTiles:
+    """One launch's tiling: rows (output samples) per program, the K slice over input channels
+    (it divides ``C``), warps, pipeline stages, and whether the residual is loaded before the
+    K loop (in flight during the GEMM)."""
+
+    block_m: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    early_x: bool = False
+    # "channels": the transposed products (output channels x samples: the weights are the A
+    # operand, ``C`` padded to a power of two, and the samples the wide N side), for the sweep.
+    form: str = "samples"
+
+
+# Per channel count, from bench/unit_conv.py's sweep (bf16, 16 x 25 frames; figures in
+# BENCHMARKS.md). Knob: edit here after a sweep on new hardware. A width not here keeps the two
+# launches.
+TILES: dict[int, ConvTiles] = {96: ConvTiles(128, 32, 4, 3), 192: ConvTiles(64, 32, 4, 3)}
+
+
+def split(C: int) -> tuple[int, int]:
+    """``(CA, CB)``: ``C = CA + CB``, ``CA`` the largest power of two <= ``C``; ``CB`` is 0 or a
+    power of two >= 16 where the kernel applies (``applies``)."""
+    ca = 1 << (C.bit_length() - 1)
+    return ca, C - ca
+
+
+def _pow2_or_zero(n: int) -> bool:
+    return n == 0 or (n >= 16 and n & (n - 1) == 0)
+
+
+if triton is not None:
+    import triton.language as tl
+
+    from code2wav.kernels.snake import snake_params, snake_value
+
+    @triton.jit
+    def _snake_rounded(acc, c, b1_ptr, alpha_ptr, beta_ptr, C, FAST_SIN: tl.constexpr, out_ty: tl.constexpr):
+        """``snake(acc + b1)`` of an fp32 accumulator's channels ``c``, rounded to ``out_ty``."""
+        h = acc + tl.load(b1_ptr + c).to(tl.float32)
+        a, inv_b = snake_params(alpha_ptr, beta_ptr, c, C)
+        return snake_value(h, a, inv_b, FAST_SIN).to(out_ty)
+
+    @triton.jit
+    def _unit_conv_kernel(xx_ptr, x_ptr, w1_ptr, w2_ptr, y_ptr, b1_ptr, alpha_ptr, beta_ptr, b2_ptr,
+                          M, L, D, sxxb, sxb, s1n, s1k, s1t, s2n, s2k,
+                          C: tl.constexpr, CA: tl.constexpr, CB: tl.constexpr, TAPS: tl.constexpr,
+                          FAST_SIN: tl.constexpr, NUM_STAGES: tl.constexpr, EARLY_X: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+        HAS_B: tl.constexpr = CB > 0
+        CBP: tl.constexpr = CB if CB > 0 else 16  # a shape for the unused second half
+        KCH: tl.constexpr = C // BLOCK_K
+        rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]  # [BM, 1]: row b*L + t
+        mmask = rm < M
+        b, t = rm // L, rm % L  # per row, not per element
+        xx_rows = b.to(tl.int64) * sxxb + t * C  # xx's row t is output t's first tap
+        x_rows = b.to(tl.int64) * sxb + t * C
+        na = tl.arange(0, CA)[None, :]
+        nb = CA + tl.arange(0, CBP)[None, :]
+        if EARLY_X:  # in flight during the GEMM
+            res_a = tl.load(x_ptr + x_rows + na, mask=mmask, other=0.0)
+            if HAS_B:
+                res_b = tl.load(x_ptr + x_rows + nb, mask=mmask, other=0.0)
+        acc_a = tl.zeros([BLOCK_M, CA], dtype=tl.float32)
+        acc_b = tl.zeros([BLOCK_M, CBP], dtype=tl.float32)
+        for i in tl.range(0, TAPS * KCH, num_stages=NUM_STAGES):  # tap j, input channels [k0, k0 + BK)
+            j = i // KCH
+            rk = (i % KCH) * BLOCK_K + tl.arange(0, BLOCK_K)[None, :]  # [1, BK]
+            a = tl.load(xx_ptr + xx_rows + j * D * C + rk, mask=mmask, other=0.0)
+            wk = w1_ptr + tl.trans(rk) * s1k + j * s1t  # [BK, 1]: W1[n, k, j]
+            acc_a = tl.dot(a, tl.load(wk + na * s1n), acc_a)
+            if HAS_B:
+                acc_b = tl.dot(a, tl.load(wk + nb * s1n), acc_b)
+        # The tail: SnakeBeta of the conv (+ its bias) is the A of the 1x1 conv, W2[n, k] its B.
+        ka = tl.arange(0, CA)[:, None]
+        kb = CA + tl.arange(0, CBP)[:, None]
+        ha = _snake_rounded(acc_a, na, b1_ptr, alpha_ptr, beta_ptr, C, FAST_SIN, w2_ptr.dtype.element_ty)
+        ya = tl.dot(ha, tl.load(w2_ptr + na * s2n + ka * s2k))
+        if HAS_B:
+            hb = _snake_rounded(acc_b, nb, b1_ptr, alpha_ptr, beta_ptr, C, FAST_SIN, w2_ptr.dtype.element_ty)
+            ya = tl.dot(hb, tl.load(w2_ptr + na * s2n + kb * s2k), ya)
+            yb = tl.dot(ha, tl.load(w2_ptr + nb * s2n + ka * s2k))
+            yb = tl.dot(hb, tl.load(w2_ptr + nb * s2n + kb * s2k), yb)
+        if not EARLY_X:
+            res_a = tl.load(x_ptr + x_rows + na, mask=mmask, other=0.0)
+            if HAS_B:
+                res_b = tl.load(x_ptr + x_rows + nb, mask=mmask, other=0.0)
+        ya += tl.load(b2_ptr + na).to(tl.float32) + res_a.to(tl.float32)
+        y_rows = rm.to(tl.int64) * C
+        tl.store(y_ptr + y_rows + na, ya.to(y_ptr.dtype.element_ty), mask=mmask)
+        if HAS_B:
+            yb += tl.load(b2_ptr + nb).to(tl.float32) + res_b.to(tl.float32)
+            tl.store(y_ptr + y_rows + nb, yb.to(y_ptr.dtype.element_ty), mask=mmask)
+
+
+    @triton.jit
+    def _unit_conv_t_kernel(xx_ptr, x_ptr, w1_ptr, w2_ptr, y_ptr, b1_ptr, alpha_ptr, beta_ptr, b2_ptr,
+                            M, L, D, sxxb, sxb, s1n, s1k, s1t, s2n, s2k,
+                            C: tl.constexpr, CP: tl.constexpr, TAPS: tl.constexpr,
+                            FAST_SIN: tl.constexpr, NUM_STAGES: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+        """The same unit, transposed: ``acc[n, m]`` over output channels ``n`` (``C`` padded to
+        ``CP``; the padding's weights load as zero, so its rows stay zero) and samples ``m``."""
+        KCH: tl.constexpr = C // BLOCK_K
+        rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]  # [1, BM]: sample b*L + t
+        mmask = rm < M
+        b, t = rm // L, rm % L
+        xx_cols = b.to(tl.int64) * sxxb + t * C
+        x_cols = b.to(tl.int64) * sxb + t * C
+        n = tl.arange(0, CP)[:, None]  # [CP, 1]
+        nmask = n < C
+        acc = tl.zeros([CP, BLOCK_M], dtype=tl.float32)
+        for i in tl.range(0, TAPS * KCH, num_stages=NUM_STAGES):
+            j = i // KCH
+            rk = (i % KCH) * BLOCK_K + tl.arange(0, BLOCK_K)  # input channels
+            w = tl.load(w1_ptr + n * s1n + rk[None, :] * s1k + j * s1t, mask=nmask, other=0.0)  # [CP, BK]
+            a = tl.load(xx_ptr + xx_cols + j * D * C + rk[:, None], mask=mmask, other=0.0)  # [BK, BM]
+            acc = tl.dot(w, a, acc)
+        h = acc + tl.load(b1_ptr + n, mask=nmask, other=0.0).to(tl.float32)
+        sa, inv_b = snake_params(alpha_ptr, beta_ptr, n, C)
+        h = snake_value(h, sa, inv_b, FAST_SIN)
+        h = tl.where(nmask, h, 0.0).to(w2_ptr.dtype.element_ty)
+        k2 = tl.arange(0, CP)[None, :]
+        w2 = tl.load(w2_ptr + n * s2n + k2 * s2k, mask=nmask & (k2 < C), other=0.0)  # [CP, CP] = W2[n, k]
+        y = tl.dot(w2, h)
+        m = nmask & mmask
+        y += tl.load(b2_ptr + n, mask=nmask, other=0.0).to(tl.float32)
+        y += tl.load(x_ptr + x_cols + n, mask=m, other=0.0).to(tl.float32)
+        tl.store(y_ptr + rm.to(tl.int64) * C + n, y.to(y_ptr.dtype.element_ty), mask=m)
+
+
+def applies(x: Tensor, rows_min: int) -> bool:
+    """Where the fused unit runs: bf16/fp16 on CUDA (float32 keeps cuDNN's exact convs),
+    channels-last activations (the history concat keeps ``x``'s layout), a width with measured tiles (``TILES``), and a step of at least
+    ``rows_min`` output samples (``LayerChoices.unit_conv_rows``; 0: never): in small steps too
+    few programs fill the GPU, where cuDNN's conv and the separate tail win. (Tests run it on
+    CPU float32 through Triton's interpreter, where its dot is exact.)"""
+    B, C, L = x.shape
+    return (rows_min > 0 and B * L >= rows_min and C in TILES and _pow2_or_zero(split(C)[1])
+            and snake.fused(x) and not (x.is_cuda and x.dtype == torch.float32)
+            and is_channels_last(x))
+
+
+def unit_conv(xx: Tensor, x: Tensor, w1: Tensor, dilation: int, b1: Tensor, alpha: Tensor, beta: Tensor,
+              w2: Tensor, b2: Tensor, tiles: ConvTiles | None = None) -> Tensor:
+    """A residual unit's output from ``xx`` = ``[history, snake(x)]`` (``[B, C, H + L]``
+    channels-last, ``H = (k - 1) * dilation``; a longer, zero-padded ``xx`` is fine) and its
+    input ``x`` (``[B, C, L]`` channels-last, the residual): ``x + b2 + conv1x1(snake(conv_k(xx)
+    + b1), w2)`` with ``w1`` the dilated conv's ``[C, C, k]`` weight and ``w2`` the 1x1 conv's
+    ``[C, C, 1]``; SnakeBeta's ``alpha``/``beta`` are the second activation's. Returns a new
+    channels-last tensor. ``tiles`` is for ``bench/unit_conv.py``'s sweep; by default ``TILES[C]``."""
+    B, C, L = x.shape
+    taps = w1.shape[-1]
+    if xx.shape[-1] < L + (taps - 1) * dilation:
+        raise ValueError(f"xx has {xx.shape[-1]} samples, the conv needs {L + (taps - 1) * dilation}")
+    t = tiles or TILES[C]
+    if C % t.block_k:
+        raise ValueError(f"the K slice {t.block_k} must divide {C} channels")
+    ca, cb = split(C)
+    M = B * L
+    y = torch.empty(B, L, C, device=x.device, dtype=x.dtype).transpose(1, 2)
+    block_m = min(t.block_m, max(16, triton.next_power_of_2(-(-M // sm_count(x.device)))))
+    if t.form == "channels":
+        _unit_conv_t_kernel[(triton.cdiv(M, block_m),)](
+            xx, x, w1, w2, y, b1, alpha, beta, b2, M, L, dilation, xx.stride(0), x.stride(0),
+            w1.stride(0), w1.stride(1), w1.stride(2), w2.stride(0), w2.stride(1),
+            C=C, CP=triton.next_power_of_2(C), TAPS=taps, FAST_SIN=fast_sin(x), NUM_STAGES=t.num_stages,
+            BLOCK_M=block_m, BLOCK_K=t.block_k, num_warps=t.num_warps,
+        )
+        return y
+    _unit_conv_kernel[(triton.cdiv(M, block_m),)](
+        xx, x, w1, w2, y, b1, alpha, beta, b2, M, L, dilation, xx.stride(0), x.stride(0),
+        w1.stride(0), w1.stride(1), w1.stride(2), w2.stride(0), w2.stride(1),
+        C=C, CA=ca, CB=cb, TAPS=taps, FAST_SIN=fast_sin(x), NUM_STAGES=t.num_stages, EARLY_X=t.early_x,
+        BLOCK_M=block_m, BLOCK_K=t.block_k, num_warps=t.num_warps,
+    )
+    return y
