@@ -6,7 +6,7 @@ the one kernel starts to win: ``LayerChoices.unit_conv_rows``), and the bf16 err
 against a float32 unit. argv: [widths, default 96,192] [dtype, default bfloat16]
 [--compile-only I/N: compile the I-th of N shares of the sweep and exit, so N processes fill
 Triton's on-disk cache side by side before the timed run] [--tiles-out FILE: the best tiles per
-width as JSON, ``{C: [block_m, block_k, warps, stages, early_x, form]}``].
+width as JSON, ``{C: [block_m, block_k, warps, stages, form]}``].
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ SWEEP_SHAPE = (16, 25)  # rows x frames: the shape a 256-stream load runs most
 SHAPES = ((1, 1), (4, 1), (16, 1), (1, 25), (4, 25), (8, 25), (16, 25))
 
 
-# Session 15 call 1's five best plain tilings (block_m, block_k, warps, stages) at 96 and 192 channels.
+# Session 15 call 1's five best samples-form tilings (block_m, block_k, warps, stages) at 96 and
+# 192 channels (the residual loaded before the K loop was never among the best: gone).
 SAMPLES_LEADERS = ((128, 32, 4, 3), (128, 32, 4, 4), (64, 32, 4, 4), (64, 64, 4, 3), (128, 64, 8, 4))
 
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from code2wav.kernels import history, mono_conv, skinny, snake, unit  # noqa: E402
+from code2wav.kernels import history, mono_conv, skinny, snake, unit, unit_conv  # noqa: E402
 from code2wav.kernels import transformer as tk  # noqa: E402
 from code2wav.kernels.history import window  # noqa: E402
 from code2wav.model.streaming import Step  # noqa: E402
@@ -241,11 +241,80 @@ def test_unit_tail_tiles_split_wide_units_and_check_the_k_slice():
         unit.unit_tail(x, x, torch.randn(48, 48, 1), *(torch.zeros(48) for _ in range(4)), tiles=unit.Tiles(16, 64, 32, 4, 2))
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+def _unit_case(C: int, d: int, B: int, L: int, g: torch.Generator, extra: int = 0):
+    """A residual unit's parts at ``C`` channels and dilation ``d``: its input ``x``, the history
+    concat ``xx`` (a random history, ``extra`` zero samples of padding after), the weights; and
+    the unit's output done op by op."""
+    H = 6 * d
+    x = laid_out(torch.randn(B, C, L, generator=g), "channels_last")
+    a1, be1, b1, a2, be2, b2 = (torch.randn(C, generator=g) * 0.3 for _ in range(6))
+    w1 = torch.randn(C, C, 7, generator=g) / (7 * C) ** 0.5
+    w2 = torch.randn(C, C, 1, generator=g) / C**0.5
+    parts = [torch.randn(B, C, H, generator=g), snake.snake_beta_eager(x, a1, be1), torch.zeros(B, C, extra)]
+    xx = laid_out(torch.cat(parts, -1), "channels_last")
+    ref = x + F.conv1d(snake.snake_beta_eager(F.conv1d(xx[..., : H + L], w1, dilation=d), a2, be2, b1), w2, b2)
+    return (xx, x, w1, d, b1, a2, be2, w2, b2), ref
+
+
+@pytest.mark.parametrize("form", ["samples", "channels"])
+@pytest.mark.parametrize(("C", "d"), [(96, 3), (48, 9), (32, 1)])
+def test_unit_conv_matches_the_unit_ops(monkeypatch, form, C, d):
+    """A residual unit as one kernel after its history concat (the dilated conv, conv1's bias,
+    SnakeBeta, the 1x1 conv and the residual) equals the ops one by one: widths split in two
+    power-of-two parts (96 = 64 + 32, 48 = 32 + 16) or padded to one (the channels form) and a
+    power of two (32); row tiles that straddle batch rows and a sample count no tile divides; a
+    history concat longer than the conv reads (a folded conv's padding)."""
+    g = torch.Generator().manual_seed(7)
+    tiles = unit_conv.ConvTiles(16, 16, 4, 2, form)
+    args, ref = _unit_case(C, d, 3, 37, g, extra=d)
+    y = unit_conv.unit_conv(*args, tiles=tiles)
+    assert close(y, ref, 1e-5) and snake.is_channels_last(y)
+    monkeypatch.setitem(unit_conv.TILES, C, tiles)  # the default tiles of a width
+    assert close(unit_conv.unit_conv(*args), ref, 1e-5)
+
+
+def test_unit_conv_refuses_what_it_cannot_compute():
+    """A history concat shorter than the conv reads, a K slice that does not divide the
+    channels and an unknown form are refused, not read past."""
+    g = torch.Generator().manual_seed(8)
+    args, _ = _unit_case(48, 3, 1, 5, g)
+    xx, rest = args[0], args[1:]
+    with pytest.raises(ValueError, match="xx has 22 samples, the conv needs 23"):
+        unit_conv.unit_conv(xx[..., :-1], *rest, tiles=unit_conv.ConvTiles(16, 16, 4, 2))
+    with pytest.raises(ValueError, match="K slice 32 must divide 48"):
+        unit_conv.unit_conv(xx, *rest, tiles=unit_conv.ConvTiles(16, 32, 4, 2))
+    with pytest.raises(ValueError, match="form must be"):
+        unit_conv.unit_conv(xx, *rest, tiles=unit_conv.ConvTiles(16, 16, 4, 2, "rows"))
+
+
+def test_unit_conv_applies_where_it_has_tiles_and_enough_samples(monkeypatch):
+    """The one-kernel unit runs for half dtypes on CUDA and float32 under the test interpreter,
+    channels-last, at widths with tiles (the decoder's 96 and 192), in steps of at least
+    ``unit_conv_rows`` samples; 0 turns it off."""
+    g = torch.Generator().manual_seed(9)
+    x = laid_out(torch.randn(2, 96, 9, generator=g), "channels_last")
+    assert unit_conv.applies(x, 1) and unit_conv.applies(x, 18) and not unit_conv.applies(x, 19)
+    assert not unit_conv.applies(x, 0)  # off
+    assert not unit_conv.applies(x.contiguous(), 1)  # contiguous [B, C, L]
+    assert not unit_conv.applies(x.double(), 1)  # float64 stays eager
+    wide = laid_out(torch.randn(2, 384, 9, generator=g), "channels_last")
+    assert not unit_conv.applies(wide, 1)  # no tiles: cuDNN's conv and the fused tail
+    assert sorted(unit_conv.TILES) == [96, 192]
+    assert [unit_conv.split(C) for C in (96, 192, 384, 32)] == [(64, 32), (128, 64), (256, 128), (32, 0)]
+
+
+@pytest.mark.parametrize("layout", [*LAYOUTS, "channels_last, units as one kernel"])
 def test_streaming_steps_through_the_kernels_equal_eager(monkeypatch, layout):
     """A prefixed stream and a cold one, stepped together with ragged chunks, through every fused
-    kernel (the few-row float32 products included; and, channels-last, channels-last convs): the
-    prefill and the steps give the same audio as the eager path."""
+    kernel (the few-row float32 products included; and, channels-last, channels-last convs; and
+    the residual units as one kernel, at the shrunk model's 32- and 16-channel blocks in both
+    forms): the prefill and the steps give the same audio as the eager path."""
+    units = []
+    if layout.endswith("one kernel"):
+        monkeypatch.setitem(unit_conv.TILES, 32, unit_conv.ConvTiles(16, 16, 4, 2, "samples"))
+        monkeypatch.setitem(unit_conv.TILES, 16, unit_conv.ConvTiles(16, 16, 4, 2, "channels"))
+        real_unit_conv = unit_conv.unit_conv
+        monkeypatch.setattr(unit_conv, "unit_conv", lambda xx, x, *a, **k: (units.append(x.shape[1]), real_unit_conv(xx, x, *a, **k))[1])
     codes = random_codes(24, SMALL, seed=3)
     schedule = [(0, 1), (1, 4)]
 
@@ -265,6 +334,7 @@ def test_streaming_steps_through_the_kernels_equal_eager(monkeypatch, layout):
     monkeypatch.setattr(skinny, "matmul_t", lambda x, w, *a, **k: (products.append(skinny.applies(x, w)), real_matmul(x, w, *a, **k))[1])
     fused, fused_pool = run(m if layout == "contiguous" else _channels_last_copy(m))
     assert any(products)  # the 1-frame step's transformer and upsampler products
+    assert sorted(set(units)) == ([16, 32] if layout.endswith("one kernel") else [])
     monkeypatch.setattr(snake, "fused", lambda x: False)
     eager, eager_pool = run(m)
     for a, b in zip(fused, eager):

@@ -30,24 +30,23 @@ from code2wav.kernels.unit import sm_count
 
 @dataclass(frozen=True)
 class ConvTiles:
-    """One launch's tiling: rows (output samples) per program, the K slice over input channels
-    (it divides ``C``), warps, pipeline stages, and whether the residual is loaded before the
-    K loop (in flight during the GEMM)."""
+    """One launch's tiling: output samples per program, the K slice over input channels (it
+    divides ``C``), warps, pipeline stages, and the form: ``"samples"`` (samples x channels:
+    the samples are the GEMMs' M side, ``C`` split in two power-of-two parts) or
+    ``"channels"`` (the transposed products, output channels x samples: the weights are the A
+    operand, ``C`` padded to a power of two, and the samples the wide N side)."""
 
     block_m: int
     block_k: int
     num_warps: int
     num_stages: int
-    early_x: bool = False
-    # "channels": the transposed products (output channels x samples: the weights are the A
-    # operand, ``C`` padded to a power of two, and the samples the wide N side), for the sweep.
     form: str = "samples"
 
 
 # Per channel count, from bench/unit_conv.py's sweep (bf16, 16 x 25 frames; figures in
 # BENCHMARKS.md). Knob: edit here after a sweep on new hardware. A width not here keeps the two
 # launches.
-TILES: dict[int, ConvTiles] = {96: ConvTiles(128, 32, 4, 3), 192: ConvTiles(64, 32, 4, 3)}
+TILES: dict[int, ConvTiles] = {96: ConvTiles(128, 32, 8, 4, "channels"), 192: ConvTiles(64, 64, 4, 3, "samples")}
 
 
 def split(C: int) -> tuple[int, int]:
@@ -77,7 +76,7 @@ if triton is not None:
     def _unit_conv_kernel(xx_ptr, x_ptr, w1_ptr, w2_ptr, y_ptr, b1_ptr, alpha_ptr, beta_ptr, b2_ptr,
                           M, L, D, sxxb, sxb, s1n, s1k, s1t, s2n, s2k,
                           C: tl.constexpr, CA: tl.constexpr, CB: tl.constexpr, TAPS: tl.constexpr,
-                          FAST_SIN: tl.constexpr, NUM_STAGES: tl.constexpr, EARLY_X: tl.constexpr,
+                          FAST_SIN: tl.constexpr, NUM_STAGES: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
         HAS_B: tl.constexpr = CB > 0
         CBP: tl.constexpr = CB if CB > 0 else 16  # a shape for the unused second half
@@ -89,10 +88,6 @@ if triton is not None:
         x_rows = b.to(tl.int64) * sxb + t * C
         na = tl.arange(0, CA)[None, :]
         nb = CA + tl.arange(0, CBP)[None, :]
-        if EARLY_X:  # in flight during the GEMM
-            res_a = tl.load(x_ptr + x_rows + na, mask=mmask, other=0.0)
-            if HAS_B:
-                res_b = tl.load(x_ptr + x_rows + nb, mask=mmask, other=0.0)
         acc_a = tl.zeros([BLOCK_M, CA], dtype=tl.float32)
         acc_b = tl.zeros([BLOCK_M, CBP], dtype=tl.float32)
         for i in tl.range(0, TAPS * KCH, num_stages=NUM_STAGES):  # tap j, input channels [k0, k0 + BK)
@@ -113,15 +108,11 @@ if triton is not None:
             ya = tl.dot(hb, tl.load(w2_ptr + na * s2n + kb * s2k), ya)
             yb = tl.dot(ha, tl.load(w2_ptr + nb * s2n + ka * s2k))
             yb = tl.dot(hb, tl.load(w2_ptr + nb * s2n + kb * s2k), yb)
-        if not EARLY_X:
-            res_a = tl.load(x_ptr + x_rows + na, mask=mmask, other=0.0)
-            if HAS_B:
-                res_b = tl.load(x_ptr + x_rows + nb, mask=mmask, other=0.0)
-        ya += tl.load(b2_ptr + na).to(tl.float32) + res_a.to(tl.float32)
+        ya += tl.load(b2_ptr + na).to(tl.float32) + tl.load(x_ptr + x_rows + na, mask=mmask, other=0.0).to(tl.float32)
         y_rows = rm.to(tl.int64) * C
         tl.store(y_ptr + y_rows + na, ya.to(y_ptr.dtype.element_ty), mask=mmask)
         if HAS_B:
-            yb += tl.load(b2_ptr + nb).to(tl.float32) + res_b.to(tl.float32)
+            yb += tl.load(b2_ptr + nb).to(tl.float32) + tl.load(x_ptr + x_rows + nb, mask=mmask, other=0.0).to(tl.float32)
             tl.store(y_ptr + y_rows + nb, yb.to(y_ptr.dtype.element_ty), mask=mmask)
 
 
@@ -186,6 +177,8 @@ def unit_conv(xx: Tensor, x: Tensor, w1: Tensor, dilation: int, b1: Tensor, alph
     if xx.shape[-1] < L + (taps - 1) * dilation:
         raise ValueError(f"xx has {xx.shape[-1]} samples, the conv needs {L + (taps - 1) * dilation}")
     t = tiles or TILES[C]
+    if t.form not in ("samples", "channels"):
+        raise ValueError(f"form must be 'samples' or 'channels', got {t.form!r}")
     if C % t.block_k:
         raise ValueError(f"the K slice {t.block_k} must divide {C} channels")
     ca, cb = split(C)
@@ -203,7 +196,7 @@ def unit_conv(xx: Tensor, x: Tensor, w1: Tensor, dilation: int, b1: Tensor, alph
     _unit_conv_kernel[(triton.cdiv(M, block_m),)](
         xx, x, w1, w2, y, b1, alpha, beta, b2, M, L, dilation, xx.stride(0), x.stride(0),
         w1.stride(0), w1.stride(1), w1.stride(2), w2.stride(0), w2.stride(1),
-        C=C, CA=ca, CB=cb, TAPS=taps, FAST_SIN=fast_sin(x), NUM_STAGES=t.num_stages, EARLY_X=t.early_x,
+        C=C, CA=ca, CB=cb, TAPS=taps, FAST_SIN=fast_sin(x), NUM_STAGES=t.num_stages,
         BLOCK_M=block_m, BLOCK_K=t.block_k, num_warps=t.num_warps,
     )
     return y

@@ -36,9 +36,9 @@ class LayerChoices:
     unit_fill_sms: bool = True
     # A residual unit runs as one kernel after its history concat (kernels/unit_conv.py: the
     # dilated conv as an implicit GEMM, its tail in registers) in steps of at least this many
-    # output samples (rows x time at the unit's rate; 0: never): below it too few programs fill
-    # the GPU, and cuDNN's conv with the separate fused tail is faster.
-    unit_conv_rows: int = 0
+    # output samples (rows x time at the unit's rate; 0: never, cuDNN's conv then the fused
+    # tail). 1: every step, at the widths kernels/unit_conv.TILES has tiles for.
+    unit_conv_rows: int = 1
     # Few-row float32 products (the low-rate stages of small steps) through the Triton
     # GEMV-style kernel (kernels/skinny.py) instead of cuBLAS.
     skinny: bool = True
