@@ -275,14 +275,15 @@ def test_unit_conv_matches_the_unit_ops(monkeypatch, form, C, d):
 
 def test_unit_conv_refuses_what_it_cannot_compute():
     """A history concat shorter than the conv reads, a K slice that does not divide the
-    channels and an unknown form are refused, not read past."""
+    channels, a width the samples form cannot split (80 = 64 + 16 can, 112 = 64 + 48 not; the
+    channels form pads it) and an unknown form are refused, not read past."""
     g = torch.Generator().manual_seed(8)
     args, _ = _unit_case(48, 3, 1, 5, g)
     xx, rest = args[0], args[1:]
     with pytest.raises(ValueError, match="xx has 22 samples, the conv needs 23"):
         unit_conv.unit_conv(xx[..., :-1], *rest, tiles=unit_conv.ConvTiles(16, 16, 4, 2))
-    with pytest.raises(ValueError, match="K slice 32 must divide 48"):
-        unit_conv.unit_conv(xx, *rest, tiles=unit_conv.ConvTiles(16, 32, 4, 2))
+    with pytest.raises(ValueError, match="cannot compute 48 channels"):
+        unit_conv.unit_conv(xx, *rest, tiles=unit_conv.ConvTiles(16, 32, 4, 2))  # a K slice of 32
     with pytest.raises(ValueError, match="form must be"):
         unit_conv.unit_conv(xx, *rest, tiles=unit_conv.ConvTiles(16, 16, 4, 2, "rows"))
 
@@ -300,6 +301,10 @@ def test_unit_conv_applies_where_it_has_tiles_and_enough_samples(monkeypatch):
     wide = laid_out(torch.randn(2, 384, 9, generator=g), "channels_last")
     assert not unit_conv.applies(wide, 1)  # no tiles: cuDNN's conv and the fused tail
     assert sorted(unit_conv.TILES) == [96, 192]
+    samples, channels = unit_conv.ConvTiles(16, 16, 4, 2), unit_conv.ConvTiles(16, 16, 4, 2, "channels")
+    assert unit_conv.computes(80, samples) and not unit_conv.computes(112, samples) and unit_conv.computes(112, channels)
+    monkeypatch.setitem(unit_conv.TILES, 112, samples)
+    assert not unit_conv.applies(laid_out(torch.randn(1, 112, 9, generator=g), "channels_last"), 1)
     assert [unit_conv.split(C) for C in (96, 192, 384, 32)] == [(64, 32), (128, 64), (256, 128), (32, 0)]
 
 

@@ -11,14 +11,19 @@ through L2. The fp32 accumulator then goes through SnakeBeta (with the conv's bi
 is rounded once to the weights' dtype, and is the ``A`` of the 1x1 conv's GEMM; bias and residual
 are added to that accumulator before the one rounding to the output.
 
-``tl.dot`` wants power-of-two widths, and the decoder's widths are not (96, 192, 384): a width
-``C`` is split into ``CA`` (the largest power of two below it) and ``CB = C - CA`` (a power of two
-too for all of them), two accumulators side by side, so no lane computes padding.
+``tl.dot`` wants power-of-two widths, and the decoder's widths are not (96, 192, 384). Two forms
+(``ConvTiles.form``), picked per width by a sweep: ``"samples"`` puts the samples on the
+products' M side and splits ``C`` into ``CA`` (the largest power of two below it) and
+``CB = C - CA`` (a power of two too for all of them), two accumulators side by side, so no lane
+computes padding; ``"channels"`` transposes the products (output channels x samples), pads ``C``
+to a power of two and puts the samples on the wide N side, which the tensor cores run faster at
+96 channels despite the padding.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -40,7 +45,7 @@ class ConvTiles:
     block_k: int
     num_warps: int
     num_stages: int
-    form: str = "samples"
+    form: Literal["samples", "channels"] = "samples"
 
 
 # Per channel count, from bench/unit_conv.py's sweep (bf16, 16 x 25 frames; figures in
@@ -50,14 +55,17 @@ TILES: dict[int, ConvTiles] = {96: ConvTiles(128, 32, 8, 4, "channels"), 192: Co
 
 
 def split(C: int) -> tuple[int, int]:
-    """``(CA, CB)``: ``C = CA + CB``, ``CA`` the largest power of two <= ``C``; ``CB`` is 0 or a
-    power of two >= 16 where the kernel applies (``applies``)."""
+    """``(CA, CB)``: ``C = CA + CB``, ``CA`` the largest power of two <= ``C``; the samples form
+    takes ``C`` where ``CB`` is 0 or a power of two >= 16 (``computes``)."""
     ca = 1 << (C.bit_length() - 1)
     return ca, C - ca
 
 
-def _pow2_or_zero(n: int) -> bool:
-    return n == 0 or (n >= 16 and n & (n - 1) == 0)
+def computes(C: int, tiles: ConvTiles) -> bool:
+    """Whether ``tiles`` can compute a ``C``-channel unit: the K slice divides ``C``, and in the
+    samples form ``C``'s second part is 0 or a power of two >= 16."""
+    cb = split(C)[1]
+    return C % tiles.block_k == 0 and (tiles.form == "channels" or cb == 0 or (cb >= 16 and cb & (cb - 1) == 0))
 
 
 if triton is not None:
@@ -159,7 +167,7 @@ def applies(x: Tensor, rows_min: int) -> bool:
     few programs fill the GPU, where cuDNN's conv and the separate tail win. (Tests run it on
     CPU float32 through Triton's interpreter, where its dot is exact.)"""
     B, C, L = x.shape
-    return (rows_min > 0 and B * L >= rows_min and C in TILES and _pow2_or_zero(split(C)[1])
+    return (rows_min > 0 and B * L >= rows_min and C in TILES and computes(C, TILES[C])
             and snake.fused(x) and not (x.is_cuda and x.dtype == torch.float32)
             and is_channels_last(x))
 
@@ -179,8 +187,9 @@ def unit_conv(xx: Tensor, x: Tensor, w1: Tensor, dilation: int, b1: Tensor, alph
     t = tiles or TILES[C]
     if t.form not in ("samples", "channels"):
         raise ValueError(f"form must be 'samples' or 'channels', got {t.form!r}")
-    if C % t.block_k:
-        raise ValueError(f"the K slice {t.block_k} must divide {C} channels")
+    if not computes(C, t):
+        raise ValueError(f"tiles {t} cannot compute {C} channels (the K slice must divide them; "
+                         f"the samples form needs C - {split(C)[0]} to be 0 or a power of two >= 16)")
     ca, cb = split(C)
     M = B * L
     y = torch.empty(B, L, C, device=x.device, dtype=x.dtype).transpose(1, 2)
