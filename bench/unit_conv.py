@@ -18,6 +18,7 @@ from dataclasses import astuple
 
 import torch
 from gpu_timing import timed_in_graph  # bench/ is the script's directory, first on sys.path
+from unit_tail import snr
 
 from code2wav.kernels import unit_conv
 from code2wav.kernels.snake import to_layout
@@ -63,11 +64,6 @@ def kernel_args(ru: ResidualUnit, x: torch.Tensor) -> tuple:
     c1 = ru.conv1.conv
     xx = ru.conv1._with_history(x, None, ru.act1)
     return (xx, x, c1.weight, c1.dilation[0], c1.bias, ru.act2.alpha, ru.act2.beta, ru.conv2.conv.weight, ru.conv2.conv.bias)
-
-
-def snr(ref: torch.Tensor, y: torch.Tensor) -> float:
-    ref, y = ref.double(), y.double()
-    return (10 * torch.log10(ref.pow(2).mean() / (y - ref).pow(2).mean())).item()
 
 
 def main() -> int:

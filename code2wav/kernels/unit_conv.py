@@ -75,8 +75,9 @@ if triton is not None:
 
     @triton.jit
     def _snake_rounded(acc, c, b1_ptr, alpha_ptr, beta_ptr, C, FAST_SIN: tl.constexpr, out_ty: tl.constexpr):
-        """``snake(acc + b1)`` of an fp32 accumulator's channels ``c``, rounded to ``out_ty``."""
-        h = acc + tl.load(b1_ptr + c).to(tl.float32)
+        """``snake(acc + b1)`` of an fp32 accumulator's channels ``c``, rounded to ``out_ty``;
+        channels ``c >= C`` (the channels form's padding, whose accumulator is zero) stay zero."""
+        h = acc + tl.load(b1_ptr + c, mask=c < C, other=0.0).to(tl.float32)
         a, inv_b = snake_params(alpha_ptr, beta_ptr, c, C)
         return snake_value(h, a, inv_b, FAST_SIN).to(out_ty)
 
@@ -147,10 +148,7 @@ if triton is not None:
             w = tl.load(w1_ptr + n * s1n + rk[None, :] * s1k + j * s1t, mask=nmask, other=0.0)  # [CP, BK]
             a = tl.load(xx_ptr + xx_cols + j * D * C + rk[:, None], mask=mmask, other=0.0)  # [BK, BM]
             acc = tl.dot(w, a, acc)
-        h = acc + tl.load(b1_ptr + n, mask=nmask, other=0.0).to(tl.float32)
-        sa, inv_b = snake_params(alpha_ptr, beta_ptr, n, C)
-        h = snake_value(h, sa, inv_b, FAST_SIN)
-        h = tl.where(nmask, h, 0.0).to(w2_ptr.dtype.element_ty)
+        h = _snake_rounded(acc, n, b1_ptr, alpha_ptr, beta_ptr, C, FAST_SIN, w2_ptr.dtype.element_ty)
         k2 = tl.arange(0, CP)[None, :]
         w2 = tl.load(w2_ptr + n * s2n + k2 * s2k, mask=nmask & (k2 < C), other=0.0)  # [CP, CP] = W2[n, k]
         y = tl.dot(w2, h)
