@@ -27,12 +27,13 @@ SUFFIXES = {
     "unitfill": ("unit_fill_sms", lambda v: v != "0"),
     "gemmrows": ("conv_gemm_rows", int),
     "unitconv": ("unit_conv_rows", int),
+    "convtk": ("convt_kernel_rows", int),
 }
 
 
 def layer_choices(layout: str) -> tuple[str, LayerChoices]:
     """A layout name's ``-name=value`` suffixes (``SUFFIXES``: ``-fold=``, ``-convt=cudnn``,
-    ``-skinny=0``, ``-unitfill=0``, ``-gemmrows=N``, ``-unitconv=N``) as the model's
+    ``-skinny=0``, ``-unitfill=0``, ``-gemmrows=N``, ``-unitconv=N``, ``-convtk=N``) as the model's
     :class:`LayerChoices`, each field the default unless its suffix is there; returns the name
     without them."""
     name, *settings = re.split(r"-(?=\w+=)", layout)  # a value may hold a hyphen: fold=multi-row
@@ -55,7 +56,9 @@ def main() -> int:
     at fixed 128-row tiles in small steps (the A/B of ``LayerChoices.unit_fill_sms``);
     ``...-skinny=0`` runs the few-row float32 products through cuBLAS (the A/B of
     ``LayerChoices.skinny``); ``...-unitconv=N`` runs a residual unit as one kernel in steps of
-    at least N samples (the A/B of ``LayerChoices.unit_conv_rows``). Each suffix sets that field
+    at least N samples (the A/B of ``LayerChoices.unit_conv_rows``); ``...-convtk=N`` runs each
+    decoder block's ConvTranspose as one kernel in steps of at least N input rows (the A/B of
+    ``LayerChoices.convt_kernel_rows``). Each suffix sets that field
     of the model's layer choices (the others keep their defaults); ``-unfused`` goes first. Each layout's eager 16x25, 1x25 and 1x1 steps are profiled."""
     dtype = getattr(torch, sys.argv[1] if len(sys.argv) > 1 else "bfloat16")
     layouts = sys.argv[2].split(",") if len(sys.argv) > 2 else ["channels_last"]  # the CUDA default

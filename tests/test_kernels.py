@@ -11,13 +11,15 @@ rounds float32 -> bfloat16 toward zero, a GPU to nearest: bf16 errors here would
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from code2wav.kernels import history, mono_conv, skinny, snake, unit, unit_conv  # noqa: E402
+from code2wav.kernels import convt, history, mono_conv, skinny, snake, unit, unit_conv  # noqa: E402
 from code2wav.kernels import transformer as tk  # noqa: E402
 from code2wav.kernels.history import window  # noqa: E402
 from code2wav.model.streaming import Step  # noqa: E402
@@ -308,18 +310,85 @@ def test_unit_conv_applies_where_it_has_tiles_and_enough_samples(monkeypatch):
     assert [unit_conv.split(C) for C in (96, 192, 384, 32)] == [(64, 32), (128, 64), (256, 128), (32, 0)]
 
 
-@pytest.mark.parametrize("layout", [*LAYOUTS, "channels_last, units as one kernel"])
+def _pairs_case(C: int, c_out: int, s: int, B: int, T: int, g: torch.Generator):
+    """A ConvTranspose layer (k = 2s, its bias rows derived), channels-last ``[history, new]``
+    input rows and the layer's two-product output, row 0 of each batch row included."""
+    from code2wav.model.layers import CausalConvTranspose1d
+
+    layer = CausalConvTranspose1d(C, c_out, 2 * s, s)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    layer.requires_grad_(False).fuse()
+    rows = torch.randn(B * T, C, generator=g)
+    w = layer.conv.weight.detach().permute(0, 2, 1).reshape(C, -1)  # [c_in, 2 * s * c_out]: W_now, then W_prev
+    N = s * c_out
+    ref = torch.full((B * T, N), float("nan"))
+    ref[1:] = rows[:-1] @ w[:, N:] + rows[1:] @ w[:, :N] + layer.bias_rows
+    return layer, rows, w, ref
+
+
+@pytest.mark.parametrize(("C", "c_out", "s"), [(32, 16, 3), (48, 24, 4), (64, 32, 8), (16, 8, 5)])
+def test_convt_pairs_match_the_two_products(C, c_out, s):
+    """A ConvTranspose's two products (the previous row against the last ``s`` taps, this row
+    against the first ``s``, plus the bias) as one kernel: output widths no tile divides (48,
+    96, 40), row tiles that straddle batch rows, more than one K slice; row 0 is left alone."""
+    g = torch.Generator().manual_seed(11)
+    layer, rows, w, ref = _pairs_case(C, c_out, s, 3, 13, g)
+    y = convt.convt_pairs(rows, w, layer.bias_rows, tiles=convt.PairTiles(16, 32, 16, 4, 2))
+    assert close(y[1:], ref[1:], 1e-5)
+
+
+@pytest.mark.parametrize("B", [1, 4])
+def test_convt_layer_through_the_pairs_kernel_equals_its_gemms(monkeypatch, B):
+    """The layer's forward with ``convt_kernel_rows`` on equals its two-product form, one-sample
+    steps included (a history row and one new row per batch row)."""
+    monkeypatch.setattr(convt, "DEFAULT_TILES", convt.PairTiles(16, 16, 16, 4, 2))
+    g = torch.Generator().manual_seed(12)
+    layer, _, _, _ = _pairs_case(32, 16, 4, 1, 2, g)
+    for T in (1, 9):
+        xx = laid_out(torch.randn(B, 32, T + 1, generator=g), "channels_last")
+        layer.choices = replace(layer.choices, convt_kernel_rows=0)
+        ref = layer._as_gemm(xx)
+        layer.choices = replace(layer.choices, convt_kernel_rows=1)
+        assert convt.applies(xx.transpose(1, 2).reshape(-1, 32), 1)
+        assert close(layer._as_gemm(xx), ref, 1e-5)
+
+
+def test_convt_pairs_refuse_and_apply():
+    """A weight that is not ``[C, 2N]`` and a K slice that does not divide the width are refused;
+    the kernel runs for half dtypes on CUDA and float32 under the test interpreter, in steps of at
+    least ``convt_kernel_rows`` rows (0: never), never for float64."""
+    g = torch.Generator().manual_seed(13)
+    _, rows, w, ref = _pairs_case(48, 8, 2, 1, 5, g)
+    bias = torch.zeros(16)
+    with pytest.raises(ValueError, match=r"w must be \[48, 32\]"):
+        convt.convt_pairs(rows, w[:, :-1], bias)
+    with pytest.raises(ValueError, match="K slice of 32 does not divide 48"):
+        convt.convt_pairs(rows, w, bias, tiles=convt.PairTiles(16, 16, 32, 4, 2))
+    rows = torch.randn(5, 128, generator=g)  # the default K slice (64) divides 128 channels
+    assert convt.applies(rows, 1) and convt.applies(rows, 5) and not convt.applies(rows, 6)
+    assert not convt.applies(rows, 0) and not convt.applies(rows.double(), 1)
+    assert not convt.applies(rows[:, :96], 1)  # 96 channels: it does not divide them
+
+
+@pytest.mark.parametrize("layout", [*LAYOUTS, "channels_last, units as one kernel", "channels_last, ConvTransposes as one kernel"])
 def test_streaming_steps_through_the_kernels_equal_eager(monkeypatch, layout):
     """A prefixed stream and a cold one, stepped together with ragged chunks, through every fused
     kernel (the few-row float32 products included; and, channels-last, channels-last convs; and
     the residual units as one kernel, at the shrunk model's 32- and 16-channel blocks in both
-    forms): the prefill and the steps give the same audio as the eager path."""
-    units = []
-    if layout.endswith("one kernel"):
+    forms; and the ConvTransposes as one GEMM each): the prefill and the steps give the same
+    audio as the eager path."""
+    units, pairs = [], []
+    if layout.endswith("units as one kernel"):
         monkeypatch.setitem(unit_conv.TILES, 32, unit_conv.ConvTiles(16, 16, 4, 2, "samples"))
         monkeypatch.setitem(unit_conv.TILES, 16, unit_conv.ConvTiles(16, 16, 4, 2, "channels"))
         real_unit_conv = unit_conv.unit_conv
         monkeypatch.setattr(unit_conv, "unit_conv", lambda xx, x, *a, **k: (units.append(x.shape[1]), real_unit_conv(xx, x, *a, **k))[1])
+    if layout.endswith("ConvTransposes as one kernel"):
+        monkeypatch.setattr(convt, "DEFAULT_TILES", convt.PairTiles(64, 64, 8, 4, 2))  # the shrunk widths: 64 down to 8
+        real_pairs = convt.convt_pairs
+        monkeypatch.setattr(convt, "convt_pairs", lambda rows, *a, **k: (pairs.append(rows.shape[1]), real_pairs(rows, *a, **k))[1])
     codes = random_codes(24, SMALL, seed=3)
     schedule = [(0, 1), (1, 4)]
 
@@ -337,9 +406,13 @@ def test_streaming_steps_through_the_kernels_equal_eager(monkeypatch, layout):
     products = []  # few-row float32 products that went through the skinny kernel
     real_matmul = skinny.matmul_t
     monkeypatch.setattr(skinny, "matmul_t", lambda x, w, *a, **k: (products.append(skinny.applies(x, w)), real_matmul(x, w, *a, **k))[1])
-    fused, fused_pool = run(m if layout == "contiguous" else _channels_last_copy(m))
+    fused_model = m if layout == "contiguous" else _channels_last_copy(m)
+    if layout.endswith("ConvTransposes as one kernel"):
+        fused_model.set_layer_choices(replace(fused_model.layer_choices, convt_kernel_rows=1))
+    fused, fused_pool = run(fused_model)
     assert any(products)  # the 1-frame step's transformer and upsampler products
-    assert sorted(set(units)) == ([16, 32] if layout.endswith("one kernel") else [])
+    assert sorted(set(units)) == ([16, 32] if layout.endswith("units as one kernel") else [])
+    assert sorted(set(pairs)) == ([8, 16, 32, 64] if layout.endswith("ConvTransposes as one kernel") else [])
     monkeypatch.setattr(snake, "fused", lambda x: False)
     eager, eager_pool = run(m)
     for a, b in zip(fused, eager):

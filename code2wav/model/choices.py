@@ -39,6 +39,10 @@ class LayerChoices:
     # output samples (rows x time at the unit's rate; 0: never, cuDNN's conv then the fused
     # tail). 1: every step, at the widths kernels/unit_conv.TILES has tiles for.
     unit_conv_rows: int = 1
+    # A ConvTranspose upsampler with history (k = 2s) as one Triton GEMM over row pairs
+    # (kernels/convt.py) in steps of at least this many input rows (0: never; its two cuBLAS
+    # products, the second reading the output back). Off until bench/convt.py has measured it.
+    convt_kernel_rows: int = 0
     # Few-row float32 products (the low-rate stages of small steps) through the Triton
     # GEMV-style kernel (kernels/skinny.py) instead of cuBLAS.
     skinny: bool = True
@@ -46,7 +50,7 @@ class LayerChoices:
     def __post_init__(self) -> None:
         if self.conv_fold not in FOLDS:
             raise ValueError(f"conv_fold must be one of {FOLDS}, got {self.conv_fold!r}")
-        for name in ("conv_gemm_rows", "unit_conv_rows"):
+        for name in ("conv_gemm_rows", "unit_conv_rows", "convt_kernel_rows"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 

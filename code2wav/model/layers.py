@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from code2wav.kernels import instant, skinny, unit, unit_conv
+from code2wav.kernels import convt, instant, skinny, unit, unit_conv
 from code2wav.kernels.mono_conv import mono_conv
 from code2wav.kernels.snake import bias_add, is_channels_last, residual_add, snake_beta, to_layout
 from code2wav.model.choices import DEFAULT_CHOICES, LayerChoices
@@ -171,10 +171,13 @@ class CausalConvTranspose1d(StreamingLayer):
         if not self.history:  # k == s: each input sample makes one output block alone
             y = skinny.matmul_t(rows, w.t(), self.bias_rows, enabled=self.choices.skinny)
             return y.view(B, T * s, c_out).transpose(1, 2)
-        y = torch.empty(B * T, s * c_out, device=xx.device, dtype=xx.dtype)
-        on = self.choices.skinny
-        skinny.matmul_t(rows[:-1], w[:, s * c_out :].t(), self.bias_rows, out=y[1:], enabled=on)  # previous sample, last s taps
-        skinny.matmul_t(rows[1:], w[:, : s * c_out].t(), out=y[1:], accumulate=True, enabled=on)  # this sample, first s taps
+        if convt.applies(rows, self.choices.convt_kernel_rows):  # both products in one pass
+            y = convt.convt_pairs(rows, w, self.bias_rows)
+        else:
+            y = torch.empty(B * T, s * c_out, device=xx.device, dtype=xx.dtype)
+            on = self.choices.skinny
+            skinny.matmul_t(rows[:-1], w[:, s * c_out :].t(), self.bias_rows, out=y[1:], enabled=on)  # previous sample, last s taps
+            skinny.matmul_t(rows[1:], w[:, : s * c_out].t(), out=y[1:], accumulate=True, enabled=on)  # this sample, first s taps
         # Row 0 of each batch row is the history's block (row 0 overall was never written).
         return y.view(B, T, s * c_out)[:, 1:].reshape(B, (T - 1) * s, c_out).transpose(1, 2)
 
