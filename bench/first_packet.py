@@ -3,6 +3,7 @@ through the async engine (graphs of the 1- and 25-frame steps only, so capture i
 each push is stamped at submit, step entry, runner entry, replay launched, audio handed over on
 the worker, and the future resolved on the event loop. Prints the medians of each leg, the
 step's GPU time, and the engine's parts before the runner (admission, grouping, staging).
+Without CUDA it times the host's legs alone (a runner that decodes nothing).
 argv: [pushes, default 300] [dtype, default bfloat16] ["profile": cProfile the
 worker's steps and print their costliest calls]."""
 
@@ -19,6 +20,8 @@ import torch
 
 from code2wav.engine.async_engine import AsyncEngine
 from code2wav.engine.graphs import GraphRunner, use_expandable_segments
+from code2wav.model.config import DecoderConfig
+from code2wav.model.decoder import Decoder
 from code2wav.model.loading import configure_cuda, load_decoder
 from code2wav.stream.engine import StreamEngine
 from code2wav.stream.pool import StatePool
@@ -28,11 +31,18 @@ def main() -> int:
     pushes = int(sys.argv[1]) if len(sys.argv) > 1 else 300
     dtype = getattr(torch, sys.argv[2] if len(sys.argv) > 2 else "bfloat16")
     profiler = cProfile.Profile() if "profile" in sys.argv[3:] else None
-    use_expandable_segments()
-    configure_cuda(dtype)
-    model = load_decoder(None, device="cuda", dtype=dtype)
-    runner = GraphRunner(model, StatePool(model, 4), batch_sizes=(1,), frame_sizes=(1, 25), max_batch_frames=256)
-    runner.capture()
+    if torch.cuda.is_available():
+        use_expandable_segments()
+        configure_cuda(dtype)
+        model = load_decoder(None, device="cuda", dtype=dtype)
+        runner = GraphRunner(model, StatePool(model, 4), batch_sizes=(1,), frame_sizes=(1, 25), max_batch_frames=256)
+        runner.capture()
+    else:  # no GPU: the host's legs alone, through a runner that decodes nothing (host_overhead.py)
+        from host_overhead import NoDecode  # bench/ is the script's directory, first on sys.path
+
+        model = Decoder(DecoderConfig()).to(dtype)
+        runner = NoDecode(model, StatePool(model, 4))
+        runner._replay = lambda: None  # the leg the GPU runner stamps
     marks: dict[str, float] = {}
     spent: dict[str, float] = {}  # inside the step: seconds per part, summed over its calls in one push
     before_runner: dict[str, float] = {}  # ``spent`` when the runner was called
@@ -57,7 +67,7 @@ def main() -> int:
             return getattr(self.fn, attr)
 
     stamp = Stamped
-    runner._replay = Stamped("replay + count", runner._replay)
+    runner._replay = Stamped("replay + count", runner._replay)  # (NoDecode: never called, 0 us)
     # The runner goes in stamped (its attributes show through); the engine never swaps it.
     core = StreamEngine(model, runner=stamp("runner", runner), max_step_frames=32, max_batch_frames=256)
     # The host's parts before the replay: admission, the first chunks' gathering, taking the
@@ -97,10 +107,10 @@ def main() -> int:
                 fut = eng.submit(rid, codes)
                 fut.add_done_callback(lambda f: resolved.append(time.perf_counter()))
                 await fut
-                gpu = eng.stats.step_seconds[-1]
+                gpu = eng.stats.step_seconds[-1] if eng.stats.step_seconds else 0.0
                 legs.append((marks["step"] - t0, marks["runner"] - marks["step"], marks["runner done"] - marks["runner"],
                              marks["handed over"] - marks["runner done"], resolved[0] - marks["handed over"], resolved[0] - t0, gpu,
-                             *(before_runner.get(p, 0.0) for p in parts), spent["replay + count"]))
+                             *(before_runner.get(p, 0.0) for p in parts), spent.get("replay + count", 0.0)))
                 await eng.finish(rid)
                 await asyncio.sleep(0.002)
 

@@ -26,6 +26,9 @@
 #                                 msgpack, pyzmq)
 #   bash bench/gpu.sh capacity    256 / 1024 / 2048 talkers at 2x real time: the stalls the decoder adds
 #   bash bench/gpu.sh offline     whole-utterance decodes, ours vs the official decoder
+#   bash bench/gpu.sh convtk      the decoder blocks' ConvTransposes as one kernel each (kernels/convt.py):
+#                                 its tile sweep (compiled in 8 shares), the best tiles put in this copy,
+#                                 graph replay per step shape both ways, sustained 1 / 256 both ways
 #   bash bench/gpu.sh ab FIELD=VALUE [...]   A/B of engine knobs (EngineConfig fields, dotted for
 #                                 sub-configs: layers.convt_gemm=false, schedule.first_chunk_wait=0):
 #                                 sustained load at 1/64/256 streams with the defaults, then with them
@@ -159,6 +162,16 @@ capacity)
   ;;
 offline)
   timeout 300 python3 bench/offline.py --device cuda --dtypes bfloat16,float32 --batches 1,16,64 --frames 125 --repeat 2 2>&1 | tee "$OUT/offline.txt"
+  ;;
+convtk)
+  for i in 0 1 2 3 4 5 6 7; do timeout 150 python3 bench/convt.py bfloat16 --compile-only $i/8 >"$OUT/compile$i.txt" 2>&1 & done; wait
+  cat "$OUT"/compile*.txt | tail -n 8; rm -f "$OUT"/compile*.txt
+  timeout 200 python3 bench/convt.py bfloat16 --tiles-out "$OUT/convt_tiles.json" 2>&1 | tee "$OUT/convt.txt"
+  python3 bench/put_tiles.py code2wav/kernels/convt.py PairTiles "$OUT/convt_tiles.json"
+  timeout 170 python3 bench/profile_step.py bfloat16 channels_last,channels_last-convtk=1 2>&1 | tee "$OUT/profile.txt" | grep -B1 -A9 "eager ms"
+  sustained default --levels 1,256
+  sustained convtk --levels 1,256 --set layers.convt_kernel_rows=1
+  echo "=== summary: defaults, then the ConvTransposes as one kernel ==="; grep -A3 "^mode" "$OUT/default.txt"; grep -A3 "^mode" "$OUT/convtk.txt"
   ;;
 ab)
   shift
