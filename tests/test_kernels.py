@@ -372,20 +372,20 @@ def test_convt_pairs_refuse_and_apply():
     assert not convt.applies(rows[:, :96], 1)  # 96 channels: it does not divide them
 
 
-@pytest.mark.parametrize("layout", [*LAYOUTS, "channels_last, units as one kernel", "channels_last, ConvTransposes as one kernel"])
+@pytest.mark.parametrize("layout", [*LAYOUTS, "channels_last, one-kernel units and ConvTransposes"])
 def test_streaming_steps_through_the_kernels_equal_eager(monkeypatch, layout):
     """A prefixed stream and a cold one, stepped together with ragged chunks, through every fused
     kernel (the few-row float32 products included; and, channels-last, channels-last convs; and
     the residual units as one kernel, at the shrunk model's 32- and 16-channel blocks in both
-    forms; and the ConvTransposes as one GEMM each): the prefill and the steps give the same
+    forms, with the ConvTransposes as one GEMM each): the prefill and the steps give the same
     audio as the eager path."""
+    one_kernel = layout.endswith("one-kernel units and ConvTransposes")
     units, pairs = [], []
-    if layout.endswith("units as one kernel"):
+    if one_kernel:
         monkeypatch.setitem(unit_conv.TILES, 32, unit_conv.ConvTiles(16, 16, 4, 2, "samples"))
         monkeypatch.setitem(unit_conv.TILES, 16, unit_conv.ConvTiles(16, 16, 4, 2, "channels"))
         real_unit_conv = unit_conv.unit_conv
         monkeypatch.setattr(unit_conv, "unit_conv", lambda xx, x, *a, **k: (units.append(x.shape[1]), real_unit_conv(xx, x, *a, **k))[1])
-    if layout.endswith("ConvTransposes as one kernel"):
         monkeypatch.setattr(convt, "DEFAULT_TILES", convt.PairTiles(64, 64, 8, 4, 2))  # the shrunk widths: 64 down to 8
         real_pairs = convt.convt_pairs
         monkeypatch.setattr(convt, "convt_pairs", lambda rows, *a, **k: (pairs.append(rows.shape[1]), real_pairs(rows, *a, **k))[1])
@@ -407,12 +407,12 @@ def test_streaming_steps_through_the_kernels_equal_eager(monkeypatch, layout):
     real_matmul = skinny.matmul_t
     monkeypatch.setattr(skinny, "matmul_t", lambda x, w, *a, **k: (products.append(skinny.applies(x, w)), real_matmul(x, w, *a, **k))[1])
     fused_model = m if layout == "contiguous" else _channels_last_copy(m)
-    if layout.endswith("ConvTransposes as one kernel"):
+    if one_kernel:
         fused_model.set_layer_choices(replace(fused_model.layer_choices, convt_kernel_rows=1))
     fused, fused_pool = run(fused_model)
     assert any(products)  # the 1-frame step's transformer and upsampler products
-    assert sorted(set(units)) == ([16, 32] if layout.endswith("units as one kernel") else [])
-    assert sorted(set(pairs)) == ([8, 16, 32, 64] if layout.endswith("ConvTransposes as one kernel") else [])
+    assert sorted(set(units)) == ([16, 32] if one_kernel else [])
+    assert sorted(set(pairs)) == ([8, 16, 32, 64] if one_kernel else [])
     monkeypatch.setattr(snake, "fused", lambda x: False)
     eager, eager_pool = run(m)
     for a, b in zip(fused, eager):
