@@ -16,7 +16,7 @@ import sys
 from dataclasses import astuple, replace
 
 import torch
-from gpu_timing import timed_in_graph  # bench/ is the script's directory, first on sys.path
+from gpu_timing import ranked_tiles, sweep_options, timed_in_graph  # bench/ is the script's directory, first on sys.path
 from unit_tail import snr
 
 from code2wav.kernels import convt
@@ -64,15 +64,7 @@ def layer_pair(c_in: int, c_out: int, s: int, dtype: torch.dtype, g: torch.Gener
 
 def main() -> int:
     args = sys.argv[1:]
-    share, tiles_out = None, None
-    if "--tiles-out" in args:
-        i = args.index("--tiles-out")
-        tiles_out = args[i + 1]
-        del args[i : i + 2]
-    if "--compile-only" in args:
-        i = args.index("--compile-only")
-        share = tuple(int(v) for v in args[i + 1].split("/"))
-        del args[i : i + 2]
+    share, tiles_out = sweep_options(args)
     dtype = getattr(torch, args[0] if args else "bfloat16")
     torch.backends.cuda.matmul.allow_tf32 = False  # the float32 reference stays float32
     g = torch.Generator().manual_seed(0)
@@ -96,17 +88,8 @@ def main() -> int:
         T = frames * spf + 1
         rows = torch.randn(rows_ * T, c_in, device="cuda", dtype=dtype)
         w = lh.conv.weight.permute(0, 2, 1).reshape(c_in, -1)
-        sweep = {}
-        for t in sweep_tiles(c_in):
-            try:
-                sweep[t] = timed_in_graph(lambda: convt.convt_pairs(rows, w, lh.bias_rows, tiles=t), calls=10, replays=5)
-            except Exception as e:
-                sweep[t] = float("inf")
-                print(f"  tile {t}: {type(e).__name__}: {str(e)[:80]}")
-        ranked = sorted(sweep, key=sweep.get)
-        print(f"=== {c_in} -> {c_out} channels, stride {s}, {rows_} x {frames} frames ({rows.shape[0]} input rows): the kernel, best five")
-        for t in ranked[:5]:
-            print(f"      {sweep[t]:8.1f} us  {t}")
+        title = f"=== {c_in} -> {c_out} channels, stride {s}, {rows_} x {frames} frames ({rows.shape[0]} input rows): the kernel, best five"
+        ranked, sweep = ranked_tiles(sweep_tiles(c_in), lambda t: convt.convt_pairs(rows, w, lh.bias_rows, tiles=t), title)
         best = ranked[0]
         if sweep[best] == float("inf"):
             continue

@@ -8,3 +8,11 @@ if ls .whl/*.whl >/dev/null 2>&1; then  # qwen-tts-compat, the serve stack and p
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 export CODE2WAV_CACHE=/tmp/code2wav-cache
+# Triton's compiled kernels from an earlier call, carried as .tcache/triton.tgz (an earlier call's
+# $OUT/triton.tgz): a new machine then skips compiling them. `keep_triton_cache` at a script's
+# end writes this call's cache back as $OUT/triton.tgz.
+export TRITON_CACHE_DIR=/tmp/triton-cache; mkdir -p "$TRITON_CACHE_DIR"
+[ -f .tcache/triton.tgz ] && tar -xzf .tcache/triton.tgz -C "$TRITON_CACHE_DIR"
+keep_triton_cache() { tar -czf "$OUT/triton.tgz" -C "$TRITON_CACHE_DIR" . && ls -la "$OUT/triton.tgz"; }
+log="$OUT/log.txt"; T0=$SECONDS
+stamp() { echo "=== [$((SECONDS - T0)) s] $*" | tee -a "$log"; }  # a section of a call's log, with its start

@@ -43,3 +43,37 @@ def timed_in_graph(fn: Callable[[], object], calls: int = 50, replays: int = 10)
     end.record()
     end.synchronize()
     return start.elapsed_time(end) * 1e3 / (replays * calls)
+
+
+def sweep_options(args: list[str]) -> tuple[tuple[int, int] | None, str | None]:
+    """A tile sweep's options, taken out of ``args``: ``--compile-only I/N`` (compile the I-th of
+    N shares and exit: N processes fill Triton's cache side by side before the timed run) and
+    ``--tiles-out FILE`` (the best tiles as JSON)."""
+    share, tiles_out = None, None
+    if "--tiles-out" in args:
+        i = args.index("--tiles-out")
+        tiles_out = args[i + 1]
+        del args[i : i + 2]
+    if "--compile-only" in args:
+        i = args.index("--compile-only")
+        share = tuple(int(v) for v in args[i + 1].split("/"))
+        del args[i : i + 2]
+    return share, tiles_out  # type: ignore[return-value]
+
+
+def ranked_tiles(tiles: list, run: Callable[[object], object], title: str) -> tuple[list, dict]:
+    """Each of ``tiles`` timed by ``run(tile)`` replayed from a graph (a tiling that fails to
+    compile or launch is reported and ranked last); prints ``title`` and the best five; returns
+    the tilings fastest first and their times in microseconds."""
+    times = {}
+    for t in tiles:
+        try:
+            times[t] = timed_in_graph(lambda: run(t), calls=10, replays=5)
+        except Exception as e:  # out of shared memory / registers for this tile
+            times[t] = float("inf")
+            print(f"  tile {t}: {type(e).__name__}: {str(e)[:80]}")
+    ranked = sorted(times, key=times.get)
+    print(title)
+    for t in ranked[:5]:
+        print(f"      {times[t]:8.1f} us  {t}")
+    return ranked, times

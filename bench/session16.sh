@@ -3,12 +3,8 @@
 # finish (session 15 cut them at 200 s, before the float16 and cuDNN-ConvTranspose checks), then
 # sustained load at 1 / 256 streams with the defaults and with float16 low-rate stages
 # (low_rate_dtype=float16) on the same start. Triton's cache goes back as $OUT/triton.tgz so a later
-# call can carry it (.tcache/triton.tgz).
+# call can carry it (.tcache/triton.tgz; device_env.sh unpacks it).
 source bench/device_env.sh
-export TRITON_CACHE_DIR=/tmp/triton-cache; mkdir -p "$TRITON_CACHE_DIR"
-[ -f .tcache/triton.tgz ] && tar -xzf .tcache/triton.tgz -C "$TRITON_CACHE_DIR"
-log="$OUT/log.txt"; t0=$SECONDS
-stamp() { echo "=== [$((SECONDS - t0)) s] $*" | tee -a "$log"; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 stamp "GPU checks (quick)"
 timeout 290 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt" | grep -E "^(PASS|FAIL|SUMMARY)" | tee -a "$log"
@@ -19,4 +15,4 @@ for run in default:"" fp16:"--set low_rate_dtype=float16"; do
     --out "$OUT/$name" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/$name.txt" | grep -A3 "^mode" | tee -a "$log"
 done
 stamp "done"
-tar -czf "$OUT/triton.tgz" -C "$TRITON_CACHE_DIR" . && ls -la "$OUT/triton.tgz" | tee -a "$log"
+keep_triton_cache | tee -a "$log"

@@ -3,10 +3,6 @@
 # this commit. With CUDA graphs at 1 / 16 / 64 / 256 streams (float64 exactness first), then eager at
 # 1 / 16 / 64. .peers is ../shared/peers with the harness changes in .peers/HARNESS_CHANGES.diff.
 source bench/device_env.sh
-export TRITON_CACHE_DIR=/tmp/triton-cache; mkdir -p "$TRITON_CACHE_DIR"
-[ -f .tcache/triton.tgz ] && tar -xzf .tcache/triton.tgz -C "$TRITON_CACHE_DIR"
-log="$OUT/log.txt"; t0=$SECONDS
-stamp() { echo "=== [$((SECONDS - t0)) s] $*" | tee -a "$log"; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 cp .peers/HARNESS_CHANGES.diff "$OUT/"
 stamp "peers with graphs, 1 / 16 / 64 / 256"

@@ -17,7 +17,7 @@ import sys
 from dataclasses import astuple
 
 import torch
-from gpu_timing import timed_in_graph  # bench/ is the script's directory, first on sys.path
+from gpu_timing import ranked_tiles, sweep_options, timed_in_graph  # bench/ is the script's directory, first on sys.path
 from unit_tail import snr
 
 from code2wav.kernels import unit_conv
@@ -68,15 +68,7 @@ def kernel_args(ru: ResidualUnit, x: torch.Tensor) -> tuple:
 
 def main() -> int:
     args = sys.argv[1:]
-    share, tiles_out = None, None
-    if "--tiles-out" in args:
-        i = args.index("--tiles-out")
-        tiles_out = args[i + 1]
-        del args[i : i + 2]
-    if "--compile-only" in args:
-        i = args.index("--compile-only")
-        share = tuple(int(v) for v in args[i + 1].split("/"))
-        del args[i : i + 2]
+    share, tiles_out = sweep_options(args)
     widths = [int(c) for c in (args[0] if args else "96,192").split(",")]
     dtype = getattr(torch, args[1] if len(args) > 1 else "bfloat16")
     torch.backends.cudnn.benchmark = True
@@ -103,17 +95,8 @@ def main() -> int:
         ru32, ru = unit_pair(C, 9, dtype, g)
         x = to_layout(torch.randn(rows, C, frames * SPF[C], device="cuda", dtype=dtype), True)
         args_ = kernel_args(ru, x)
-        sweep = {}
-        for t in sweep_tiles(C):
-            try:
-                sweep[t] = timed_in_graph(lambda: unit_conv.unit_conv(*args_, tiles=t), calls=10, replays=5)
-            except Exception as e:
-                sweep[t] = float("inf")
-                print(f"  tile {t}: {type(e).__name__}: {str(e)[:80]}")
-        ranked = sorted(sweep, key=sweep.get)
-        print(f"=== {C} channels, {rows} x {frames} frames (L = {frames * SPF[C]}), dilation 9: the kernel alone, best five")
-        for t in ranked[:5]:
-            print(f"      {sweep[t]:8.1f} us  {t}")
+        ranked, sweep = ranked_tiles(sweep_tiles(C), lambda t: unit_conv.unit_conv(*args_, tiles=t),
+                                     f"=== {C} channels, {rows} x {frames} frames (L = {frames * SPF[C]}), dilation 9: the kernel alone, best five")
         best = ranked[0]
         if sweep[best] == float("inf"):
             continue
