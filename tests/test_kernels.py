@@ -382,11 +382,12 @@ def test_streaming_steps_through_the_kernels_equal_eager(monkeypatch, layout):
     one_kernel = layout.endswith("one-kernel units and ConvTransposes")
     units, pairs = [], []
     if one_kernel:
-        monkeypatch.setitem(unit_conv.TILES, 32, unit_conv.ConvTiles(16, 16, 4, 2, "samples"))
-        monkeypatch.setitem(unit_conv.TILES, 16, unit_conv.ConvTiles(16, 16, 4, 2, "channels"))
+        # Large row tiles: the interpreter runs programs one by one (tile edges: the unit tests above).
+        monkeypatch.setitem(unit_conv.TILES, 32, unit_conv.ConvTiles(256, 16, 4, 2, "samples"))
+        monkeypatch.setitem(unit_conv.TILES, 16, unit_conv.ConvTiles(256, 16, 4, 2, "channels"))
         real_unit_conv = unit_conv.unit_conv
         monkeypatch.setattr(unit_conv, "unit_conv", lambda xx, x, *a, **k: (units.append(x.shape[1]), real_unit_conv(xx, x, *a, **k))[1])
-        monkeypatch.setattr(convt, "DEFAULT_TILES", convt.PairTiles(64, 64, 8, 4, 2))  # the shrunk widths: 64 down to 8
+        monkeypatch.setattr(convt, "DEFAULT_TILES", convt.PairTiles(256, 64, 8, 4, 2))  # the shrunk widths: 64 down to 8
         real_pairs = convt.convt_pairs
         monkeypatch.setattr(convt, "convt_pairs", lambda rows, *a, **k: (pairs.append(rows.shape[1]), real_pairs(rows, *a, **k))[1])
     codes = random_codes(24, SMALL, seed=3)
