@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import sys
 from dataclasses import astuple, replace
 
@@ -22,7 +23,7 @@ from unit_tail import snr
 from code2wav.kernels import convt
 from code2wav.kernels.snake import to_layout
 from code2wav.model.config import DecoderConfig
-from code2wav.model.layers import CausalConvTranspose1d
+from code2wav.model.layers import CausalConvTranspose1d, channels_last_
 
 SWEEP_SHAPE = (16, 25)  # rows x frames: the shape a 256-stream load runs most
 SHAPES = ((1, 1), (16, 1), (1, 25), (4, 25), (16, 25), (64, 8))
@@ -32,10 +33,7 @@ def blocks() -> list[tuple[int, int, int, int]]:
     """``(c_in, c_out, stride, input samples per frame)`` of each decoder block's ConvTranspose
     in the released architecture (the pre-upsamplers before them multiply the frame rate)."""
     cfg = DecoderConfig()
-    rate = 1
-    for r in cfg.upsampling_ratios:
-        rate *= r
-    out, c = [], cfg.decoder_dim
+    out, c, rate = [], cfg.decoder_dim, math.prod(cfg.upsampling_ratios)
     for s in cfg.upsample_rates:
         out.append((c, c // 2, s, rate))
         c, rate = c // 2, rate * s
@@ -57,7 +55,7 @@ def layer_pair(c_in: int, c_out: int, s: int, dtype: torch.dtype, g: torch.Gener
     lh = CausalConvTranspose1d(c_in, c_out, 2 * s, s).cuda().to(dtype).eval().requires_grad_(False)
     lh.load_state_dict(l32.state_dict())
     for layer in (l32, lh):
-        layer.conv.weight.data = layer.conv.weight.data.permute(0, 2, 1).contiguous().permute(0, 2, 1)  # channels-last [c_in, c_out, k]
+        channels_last_(layer.conv)
         layer.fuse()
     return l32, lh
 

@@ -331,8 +331,9 @@ def _pairs_case(C: int, c_out: int, s: int, B: int, T: int, g: torch.Generator):
 @pytest.mark.parametrize(("C", "c_out", "s"), [(32, 16, 3), (48, 24, 4), (64, 32, 8), (16, 8, 5)])
 def test_convt_pairs_match_the_two_products(C, c_out, s):
     """A ConvTranspose's two products (the previous row against the last ``s`` taps, this row
-    against the first ``s``, plus the bias) as one kernel: output widths no tile divides (48,
-    96, 40), row tiles that straddle batch rows, more than one K slice; row 0 is left alone."""
+    against the first ``s``, plus the bias) as one kernel: output widths the column tile does
+    not divide (48, 40), row tiles that straddle batch rows, one K slice (16 channels) and
+    several; row 0, the history's block, is the caller's to drop."""
     g = torch.Generator().manual_seed(11)
     layer, rows, w, ref = _pairs_case(C, c_out, s, 3, 13, g)
     y = convt.convt_pairs(rows, w, layer.bias_rows, tiles=convt.PairTiles(16, 32, 16, 4, 2))
