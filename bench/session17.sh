@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Session 17 (repo root on the device; carry .tcache where there is one). Two calls:
+#   bash bench/session17.sh a   the ConvTransposes' kernel (kernels/convt.py): its tile sweep in 8
+#                               compile shares, the best tiles put in this copy, graph replay per step
+#                               shape both ways; Triton's cache back as $OUT/triton.tgz
+#   bash bench/session17.sh b   (the tiles committed) sustained 1 / 256 with the defaults, with the
+#                               ConvTransposes as one kernel, and with float16 low-rate stages on top;
+#                               then the quick GPU checks
+source bench/device_env.sh
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
+case "${1:-}" in
+a)
+  stamp "compile the sweep in 8 shares"
+  for i in 0 1 2 3 4 5 6 7; do timeout 170 python3 bench/convt.py bfloat16 --compile-only $i/8 >"$OUT/compile$i.txt" 2>&1 & done; wait
+  tail -q -n 2 "$OUT"/compile*.txt | tee -a "$log"
+  stamp "sweep"
+  timeout 200 python3 bench/convt.py bfloat16 --tiles-out "$OUT/convt_tiles.json" 2>&1 | tee "$OUT/convt.txt" | tail -n 40 | tee -a "$log"
+  python3 bench/put_tiles.py code2wav/kernels/convt.py PairTiles "$OUT/convt_tiles.json" | tee -a "$log"
+  stamp "graph replay per step shape, default vs ConvTransposes as one kernel"
+  timeout $((580 - (SECONDS - T0))) python3 bench/profile_step.py bfloat16 channels_last,channels_last-convtk=1 2>&1 | tee "$OUT/profile.txt" | grep -B1 -A9 "eager ms" | tee -a "$log"
+  ;;
+b)
+  for run in default:"" convtk:"--set layers.convt_kernel_rows=1" convtk_fp16:"--set layers.convt_kernel_rows=1 --set low_rate_dtype=float16"; do
+    name=${run%%:*}; stamp "sustained 1 / 256, $name"
+    # shellcheck disable=SC2086
+    timeout 140 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 1,256 --seconds 3 ${run#*:} \
+      --out "$OUT/$name" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/$name.txt" | grep -A3 "^mode" | tee -a "$log"
+  done
+  stamp "GPU checks (quick)"
+  timeout $((585 - (SECONDS - T0))) python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt" | grep -E "^(PASS|FAIL|SUMMARY)" | tee -a "$log"
+  ;;
+*) echo "usage: bash bench/session17.sh a|b" >&2; exit 2 ;;
+esac
+stamp "done"
+keep_triton_cache | tee -a "$log"
