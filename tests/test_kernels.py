@@ -344,7 +344,7 @@ def test_convt_pairs_match_the_two_products(C, c_out, s):
 def test_convt_layer_through_the_pairs_kernel_equals_its_gemms(monkeypatch, B):
     """The layer's forward with ``convt_kernel_rows`` on equals its two-product form, one-sample
     steps included (a history row and one new row per batch row)."""
-    monkeypatch.setattr(convt, "DEFAULT_TILES", convt.PairTiles(16, 16, 16, 4, 2))
+    monkeypatch.setitem(convt.TILES, 32, convt.PairTiles(16, 16, 16, 4, 2))
     g = torch.Generator().manual_seed(12)
     layer, _, _, _ = _pairs_case(32, 16, 4, 1, 2, g)
     for T in (1, 9):
@@ -356,10 +356,11 @@ def test_convt_layer_through_the_pairs_kernel_equals_its_gemms(monkeypatch, B):
         assert close(layer._as_gemm(xx), ref, 1e-5)
 
 
-def test_convt_pairs_refuse_and_apply():
+def test_convt_pairs_refuse_and_apply(monkeypatch):
     """A weight that is not ``[C, 2N]`` and a K slice that does not divide the width are refused;
     the kernel runs for half dtypes on CUDA and float32 under the test interpreter, in steps of at
-    least ``convt_kernel_rows`` rows (0: never), never for float64."""
+    least ``convt_kernel_rows`` rows (0: never), never for float64, and only at widths with tiles
+    in ``convt.TILES`` (where the sweep found it faster than the two products)."""
     g = torch.Generator().manual_seed(13)
     _, rows, w, ref = _pairs_case(48, 8, 2, 1, 5, g)
     bias = torch.zeros(16)
@@ -367,10 +368,14 @@ def test_convt_pairs_refuse_and_apply():
         convt.convt_pairs(rows, w[:, :-1], bias)
     with pytest.raises(ValueError, match="K slice of 32 does not divide 48"):
         convt.convt_pairs(rows, w, bias, tiles=convt.PairTiles(16, 16, 32, 4, 2))
-    rows = torch.randn(5, 128, generator=g)  # the default K slice (64) divides 128 channels
+    assert sorted(convt.TILES) == [192]  # of the released blocks' widths, the last one's alone
+    rows = torch.randn(5, 128, generator=g)
+    assert not convt.applies(rows, 1)  # no tiles for 128 channels: the two products
+    monkeypatch.setitem(convt.TILES, 128, convt.PairTiles(16, 16, 64, 4, 2))
     assert convt.applies(rows, 1) and convt.applies(rows, 5) and not convt.applies(rows, 6)
     assert not convt.applies(rows, 0) and not convt.applies(rows.double(), 1)
-    assert not convt.applies(rows[:, :96], 1)  # 96 channels: it does not divide them
+    monkeypatch.setitem(convt.TILES, 96, convt.PairTiles(16, 16, 64, 4, 2))
+    assert not convt.applies(torch.randn(5, 96, generator=g), 1)  # a K slice of 64 does not divide 96 channels
 
 
 @pytest.mark.parametrize("layout", [*LAYOUTS, "channels_last, one-kernel units and ConvTransposes"])
@@ -388,7 +393,8 @@ def test_streaming_steps_through_the_kernels_equal_eager(monkeypatch, layout):
         monkeypatch.setitem(unit_conv.TILES, 16, unit_conv.ConvTiles(256, 16, 4, 2, "channels"))
         real_unit_conv = unit_conv.unit_conv
         monkeypatch.setattr(unit_conv, "unit_conv", lambda xx, x, *a, **k: (units.append(x.shape[1]), real_unit_conv(xx, x, *a, **k))[1])
-        monkeypatch.setattr(convt, "DEFAULT_TILES", convt.PairTiles(256, 64, 8, 4, 2))  # the shrunk widths: 64 down to 8
+        for c in (64, 32, 16, 8):  # the shrunk model's blocks
+            monkeypatch.setitem(convt.TILES, c, convt.PairTiles(256, 64, 8, 4, 2))
         real_pairs = convt.convt_pairs
         monkeypatch.setattr(convt, "convt_pairs", lambda rows, *a, **k: (pairs.append(rows.shape[1]), real_pairs(rows, *a, **k))[1])
     codes = random_codes(24, SMALL, seed=3)

@@ -11,8 +11,9 @@ themselves against ``W_now`` (the same matrix one row down: no pair matrix is bu
 goes into the fp32 accumulator, which is rounded once.
 
 Row 0 (the history's own block) is never written, as in the two-GEMM form; a pair that
-straddles two batch rows gives a block the caller drops. ``LayerChoices.convt_kernel_rows``
-turns it on (0, the default: the two cuBLAS products) until ``bench/convt.py`` has measured it.
+straddles two batch rows gives a block the caller drops. It runs at the widths ``TILES`` names:
+those where ``bench/convt.py`` found it faster than the two products (at the wide blocks, large
+N, cuBLAS's products win); ``LayerChoices.convt_kernel_rows`` sets the smallest step.
 """
 
 from __future__ import annotations
@@ -38,14 +39,9 @@ class PairTiles:
     num_stages: int
 
 
-# Per input width (c_in); a width not here takes DEFAULT_TILES. Knob: edit after
-# ``bench/convt.py``'s sweep on new hardware (figures in BENCHMARKS.md).
-TILES: dict[int, PairTiles] = {}
-DEFAULT_TILES = PairTiles(128, 128, 64, 8, 3)
-
-
-def tiles_for(c_in: int) -> PairTiles:
-    return TILES.get(c_in, DEFAULT_TILES)
+# Per input width (c_in), only where the kernel beat the two products in ``bench/convt.py``'s
+# sweep; a width not here keeps them. Knob: re-sweep on new hardware (figures in BENCHMARKS.md).
+TILES: dict[int, PairTiles] = {192: PairTiles(128, 128, 64, 8, 3)}
 
 
 if triton is not None:
@@ -73,10 +69,11 @@ if triton is not None:
 
 def applies(rows: Tensor, rows_min: int) -> bool:
     """Where the one-GEMM form runs: half dtypes on CUDA (float32 keeps cuBLAS, whose products
-    the tests bound; the interpreter's float32 dot is exact), a K slice that divides the width,
-    and at least ``rows_min`` input rows (``LayerChoices.convt_kernel_rows``; 0: never)."""
+    the tests bound; the interpreter's float32 dot is exact), a width with tiles in ``TILES``
+    whose K slice divides it, and at least ``rows_min`` input rows
+    (``LayerChoices.convt_kernel_rows``; 0: never)."""
     M, C = rows.shape
-    return (rows_min > 0 and M >= rows_min and C % tiles_for(C).block_k == 0 and rows.stride(1) == 1
+    return (rows_min > 0 and M >= rows_min and C in TILES and C % TILES[C].block_k == 0 and rows.stride(1) == 1
             and snake.fused(rows) and not (rows.is_cuda and rows.dtype == torch.float32))
 
 
@@ -84,12 +81,13 @@ def convt_pairs(rows: Tensor, w: Tensor, bias_rows: Tensor, tiles: PairTiles | N
     """``y[r] = rows[r - 1] @ w[:, N:] + rows[r] @ w[:, :N] + bias_rows`` for ``r >= 1``, with
     ``rows`` ``[M, C]`` (unit column stride), ``w`` ``[C, 2N]`` (any strides: ``W_now`` then
     ``W_prev``, the layer's channels-last weight as a view) and ``bias_rows`` ``[N]``. Returns
-    ``y`` ``[M, N]``, row 0 left unwritten (the caller drops it). ``tiles``: for the sweep."""
+    ``y`` ``[M, N]``, row 0 left unwritten (the caller drops it). ``tiles``: for the sweep; by
+    default ``TILES[C]``."""
     M, C = rows.shape
     N = bias_rows.shape[0]
     if w.shape != (C, 2 * N):
         raise ValueError(f"w must be [{C}, {2 * N}] (W_now then W_prev), got {list(w.shape)}")
-    t = tiles or tiles_for(C)
+    t = tiles or TILES[C]
     if C % t.block_k:
         raise ValueError(f"a K slice of {t.block_k} does not divide {C} input channels")
     y = torch.empty(M, N, device=rows.device, dtype=rows.dtype)

@@ -41,7 +41,8 @@ class LayerChoices:
     unit_conv_rows: int = 1
     # A ConvTranspose upsampler with history (k = 2s) as one Triton GEMM over row pairs
     # (kernels/convt.py) in steps of at least this many input rows (0: never; its two cuBLAS
-    # products, the second reading the output back). Off until bench/convt.py has measured it.
+    # products, the second reading the output back). 1: every step, at the widths
+    # kernels/convt.TILES has tiles for (where bench/convt.py found the kernel faster).
     convt_kernel_rows: int = 0
     # Few-row float32 products (the low-rate stages of small steps) through the Triton
     # GEMV-style kernel (kernels/skinny.py) instead of cuBLAS.
