@@ -3,7 +3,7 @@
 #   bash bench/session17.sh a   the ConvTransposes' kernel (kernels/convt.py): its tile sweep in 8
 #                               compile shares, the best tiles put in this copy, graph replay per step
 #                               shape both ways; Triton's cache back as $OUT/triton.tgz
-#   bash bench/session17.sh b   (the tiles committed) sustained 1 / 256 with the defaults, with the
+#   bash bench/session17.sh b   (the tiles committed) the sweep's whole table again, sustained 1 / 256 with the defaults, with the
 #                               ConvTransposes as one kernel, and with float16 low-rate stages on top;
 #                               then the quick GPU checks
 source bench/device_env.sh
@@ -12,7 +12,7 @@ case "${1:-}" in
 a)
   stamp "compile the sweep in 8 shares"
   for i in 0 1 2 3 4 5 6 7; do timeout 170 python3 bench/convt.py bfloat16 --compile-only $i/8 >"$OUT/compile$i.txt" 2>&1 & done; wait
-  tail -q -n 2 "$OUT"/compile*.txt | tee -a "$log"
+  tail -q -n 2 "$OUT"/compile*.txt | tee -a "$log"; rm -f "$OUT"/compile*.txt  # (8 files: what comes back is counted)
   stamp "sweep"
   timeout 200 python3 bench/convt.py bfloat16 --tiles-out "$OUT/convt_tiles.json" 2>&1 | tee "$OUT/convt.txt" | tail -n 40 | tee -a "$log"
   python3 bench/put_tiles.py code2wav/kernels/convt.py PairTiles "$OUT/convt_tiles.json" | tee -a "$log"
@@ -20,6 +20,10 @@ a)
   timeout $((580 - (SECONDS - T0))) python3 bench/profile_step.py bfloat16 channels_last,channels_last-convtk=1 2>&1 | tee "$OUT/profile.txt" | grep -B1 -A9 "eager ms" | tee -a "$log"
   ;;
 b)
+  stamp "the sweep again, its whole table (call a's was cut: its files did not come back)"
+  for i in 0 1 2 3 4 5 6 7; do timeout 170 python3 bench/convt.py bfloat16 --compile-only $i/8 >"$OUT/compile$i.txt" 2>&1 & done; wait
+  rm -f "$OUT"/compile*.txt
+  timeout 200 python3 bench/convt.py bfloat16 --tiles-out "$OUT/convt_tiles.json" 2>&1 | tee "$OUT/convt.txt" | grep -E "^(===|best)" | tee -a "$log"
   for run in default:"" convtk:"--set layers.convt_kernel_rows=1" convtk_fp16:"--set layers.convt_kernel_rows=1 --set low_rate_dtype=float16"; do
     name=${run%%:*}; stamp "sustained 1 / 256, $name"
     # shellcheck disable=SC2086
