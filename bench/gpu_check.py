@@ -16,6 +16,7 @@ from code2wav.model.config import DecoderConfig
 from code2wav.model.decoder import Decoder
 from code2wav.model.init import random_decoder
 from code2wav.model.loading import configure_cuda
+from code2wav.model.low_rate import auto_low_rate
 from code2wav.stream.engine import StreamEngine
 from code2wav.stream.pool import StatePool
 
@@ -117,7 +118,20 @@ def main() -> int:
     snr_lr16 = snr_db(ref, graph_stream(load(weights, torch.bfloat16, "cuda", torch.float16), codes).float())
     check("graph bf16 stream SNR >= 30 dB vs fp64", snr >= 30.0, f"{snr:.1f} dB; all-bf16 (low-rate stages bf16 too) {snr_all:.1f} dB;"
           f" low-rate stages float16 {snr_lr16:.1f} dB")
-    # 3a. Every residual unit as one kernel (LayerChoices.unit_conv_rows=1: at every step size
+    # 3a. low_rate_dtype="auto" (model/low_rate.py): the probe on these weights, its choice and cost,
+    # and the stream it gives within the same bound.
+    m_auto = load(weights, torch.bfloat16, "cuda")
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    chosen = auto_low_rate(m_auto)
+    torch.cuda.synchronize()
+    probe_s = time.perf_counter() - t0
+    snr_auto = snr_db(ref, graph_stream(m_auto, codes).float())
+    check("low-rate dtype auto: float16 on these weights, bf16 stream SNR >= 30 dB", chosen == torch.float16 and snr_auto >= 30.0,
+          f"{str(chosen).removeprefix('torch.')}, probe peak {m_auto.low_rate_peak:.3g} in {probe_s * 1e3:.0f} ms (first run: "
+          f"kernels compiled); {snr_auto:.1f} dB")
+    del m_auto
+    # 3b. Every residual unit as one kernel (LayerChoices.unit_conv_rows=1: at every step size
     # its tiles cover): the bf16 stream within the same bound.
     one_kernel = replace(m32.layer_choices, unit_conv_rows=1)
     snr_uc = snr_db(ref, graph_stream(load(weights, torch.bfloat16, "cuda", layers=one_kernel), codes).float())

@@ -98,7 +98,7 @@ def _add_decode(sub) -> None:
 def _run_decode(args: argparse.Namespace) -> int:
     import torch
 
-    from code2wav.model.loading import load_decoder, read_config, resolve_checkpoint
+    from code2wav.model.loading import load_decoder, low_rate_arg, read_config, resolve_checkpoint
 
     # Everything that can be checked without the model, first.
     kind = check_output(args.output)
@@ -119,7 +119,7 @@ def _run_decode(args: argparse.Namespace) -> int:
     if codes.shape[0] == 0:
         raise CliError(f"codes {args.codes}: no frames (after dropping -1 padding)")
     prefix = None if raw_prefix is None else valid_frames(raw_prefix, args.prefix, cfg.num_quantizers, cfg.codebook_size, "prefix")
-    model = load_decoder(ckpt, device=device, dtype=dtype, low_rate_dtype=getattr(torch, args.low_rate_dtype) if args.low_rate_dtype else None)
+    model = load_decoder(ckpt, device=device, dtype=dtype, low_rate_dtype=low_rate_arg(args.low_rate_dtype))
     t_load = time.perf_counter() - t0
 
     frames = codes.shape[0]
@@ -314,6 +314,7 @@ def run_serve(args: argparse.Namespace, engine: AsyncEngine) -> int:
     app = create_app(engine, api_key=args.api_key or None, limits=limits)
     print(f"{PROG}: serving on http://{args.host}:{args.port} ({args.max_streams} streams, {args.dtype} on {parse_device(args.device)}, "
           f"low-rate stages {str(model.low_rate_dtype).removeprefix('torch.')}"
+          f"{'' if model.low_rate_peak is None else f' (auto: peak {model.low_rate_peak:.3g} on the probe)'}"
           f"{', auth on' if args.api_key else ''}; {pick_loop(args.loop)} loop, {http_parser()} HTTP parser)", file=sys.stderr, flush=True)
     # The transport drops messages far over the limit itself (close 1009, no JSON error).
     # The bounds on slow, idle and non-reading clients: server/connections.py.

@@ -183,10 +183,10 @@ def parse_device(text: str):
 
 
 def add_low_rate_dtype(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--low-rate-dtype", choices=DTYPES, default=None,
+    p.add_argument("--low-rate-dtype", choices=(*DTYPES, "auto"), default="auto",
                    help="dtype of the stages before the conv stack (dequantizer, transformer, upsampling: a few %% of the "
-                        "FLOPs); default: float32 under a half --dtype (TF32 on CUDA; more exact for little time, see "
-                        "BENCHMARKS.md), else --dtype")
+                        "FLOPs); auto (default): float16 on CUDA under a half --dtype where the loaded weights' values leave "
+                        "float16 room (measured at load), else float32 under a half --dtype (TF32 on CUDA), else --dtype")
 
 
 def add_set(p: argparse.ArgumentParser) -> None:

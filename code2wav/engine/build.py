@@ -38,7 +38,9 @@ class EngineConfig:
     model: str | None = None  # tokenizer dir, full Qwen3-TTS model dir or hub id; None: embedded default
     device: str = "cpu"
     dtype: str = "float32"  # the conv stack's, the audio's and the state pool's
-    low_rate_dtype: str | None = None  # stages before the conv stack; None: float32 under a half dtype
+    # Stages before the conv stack. None: float32 under a half dtype, else dtype; "auto": float16
+    # on CUDA under a half dtype where the loaded weights leave it room (model/low_rate.py), else None's.
+    low_rate_dtype: str | None = "auto"
     channels_last: bool = True  # CUDA: the conv stack in [B, L, C] memory (load_decoder)
     layers: LayerChoices = field(default_factory=LayerChoices)
     # -- streams
@@ -66,10 +68,10 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        for name in ("dtype", "low_rate_dtype"):
+        for name, allowed in (("dtype", DTYPES), ("low_rate_dtype", (*DTYPES, "auto"))):
             value = getattr(self, name)
-            if value is not None and value not in DTYPES:
-                raise ValueError(f"{name} must be one of {DTYPES}, got {value!r}")
+            if value is not None and value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
         if self.graph_capture not in GRAPH_CAPTURE:
             raise ValueError(f"graph_capture must be one of {GRAPH_CAPTURE}, got {self.graph_capture!r}")
         if self.prefix_cache_bytes < 0:
@@ -100,10 +102,10 @@ class EngineConfig:
 
 def load_model(cfg: EngineConfig) -> Decoder:
     """The decoder ``cfg`` names, on its device, in its dtypes, running its layer choices."""
-    from code2wav.model.loading import load_decoder
+    from code2wav.model.loading import load_decoder, low_rate_arg
 
     return load_decoder(cfg.model, device=cfg.device, dtype=getattr(torch, cfg.dtype), channels_last=cfg.channels_last,
-                        low_rate_dtype=getattr(torch, cfg.low_rate_dtype) if cfg.low_rate_dtype else None, layers=cfg.layers)
+                        low_rate_dtype=low_rate_arg(cfg.low_rate_dtype), layers=cfg.layers)
 
 
 def build_engine(cfg: EngineConfig, model: Decoder | None = None, capture: bool = True) -> Lifecycle:

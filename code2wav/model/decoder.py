@@ -115,6 +115,7 @@ class Decoder(nn.Module):
         self.decoder = nn.ModuleList(decoder)
         self.is_channels_last = False  # activation layout of the conv stack, see channels_last()
         self.layer_choices = DEFAULT_CHOICES
+        self.low_rate_peak: float | None = None  # set where low_rate_dtype="auto" measured it (model/low_rate.py)
         assign_state_keys(self)
 
     def set_layer_choices(self, choices: LayerChoices) -> "Decoder":
@@ -177,13 +178,25 @@ class Decoder(nn.Module):
         low = low_rate_dtype or (torch.float32 if half else dtype)
         self.to(torch.float64 if torch.float64 in (dtype, low) else torch.float32)
         self.fold(low)  # the codebook table from the unrounded weights, in its own dtype
-        for m in self.low_rate_modules():
-            m.to(device=device, dtype=low)
         self.decoder.to(device=device, dtype=dtype)
-        self.pre_transformer.attend_in(dtype if low != dtype else None)  # in the dtype K/V are kept in
+        self._low_rate_in(low, device)
         if device is not None:
             self.to(device=device)  # anything outside both parts follows the device
         return self.eval().requires_grad_(False)
+
+    def cast_low_rate(self, low_rate_dtype: torch.dtype) -> "Decoder":
+        """Cast low-rate stages that ``to_dtypes`` left in float32 (or float64) to
+        ``low_rate_dtype``: the same weights as ``to_dtypes`` with that dtype gives, the codebook
+        table folded again from the unrounded codebooks (``model/low_rate.py`` decides after
+        measuring the float32 stages)."""
+        self.quantizer.fold(low_rate_dtype)
+        return self._low_rate_in(low_rate_dtype)
+
+    def _low_rate_in(self, low: torch.dtype, device: torch.device | str | None = None) -> "Decoder":
+        for m in self.low_rate_modules():
+            m.to(device=device, dtype=low)
+        self.pre_transformer.attend_in(self.dtype if low != self.dtype else None)  # in the dtype K/V are kept in
+        return self
 
     @property
     def dtype(self) -> torch.dtype:
@@ -221,8 +234,9 @@ class Decoder(nn.Module):
             h = self.pre_conv(self.quantizer(codes), step)
             return self.pre_transformer(h.transpose(1, 2), step).transpose(1, 2)
 
-    def back(self, hidden: Tensor, step: Step | None = None) -> Tensor:
-        """[B, latent_dim, T] -> audio [B, 1, T * samples_per_frame], clamped to [-1, 1]."""
+    def upsampled(self, hidden: Tensor, step: Step | None = None) -> Tensor:
+        """[B, latent_dim, T] -> the upsampling stages' output, [B, latent_dim, T * r] with ``r``
+        the product of ``upsampling_ratios`` (in ``low_rate_dtype``, laid out for the conv stack)."""
         # The transformer's output is [B, T, C] in memory: kept as it is for a channels-last conv
         # stack, made contiguous otherwise (every layer below keeps its input's layout). Hidden
         # frames joined along time (the engine's prefill) arrive contiguous: laid out here too.
@@ -230,7 +244,11 @@ class Decoder(nn.Module):
         with self.low_rate_precision():
             for convt, block in self.upsample:
                 h = block(convt(h, step), step)
-        h = h.to(self.dtype)  # keeps the layout
+        return h
+
+    def back(self, hidden: Tensor, step: Step | None = None) -> Tensor:
+        """[B, latent_dim, T] -> audio [B, 1, T * samples_per_frame], clamped to [-1, 1]."""
+        h = self.upsampled(hidden, step).to(self.dtype)  # keeps the layout
         act = None
         for layer in self.decoder:
             if isinstance(layer, SnakeBeta):  # fused into the next conv's input pass

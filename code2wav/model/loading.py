@@ -140,11 +140,12 @@ def load_decoder(
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
     channels_last: bool = True,
-    low_rate_dtype: torch.dtype | None = None,
+    low_rate_dtype: torch.dtype | str | None = None,
     layers: LayerChoices | None = None,
 ) -> Decoder:
     """Load the decoder, fold its codebooks and move it to ``device``/``dtype`` in eval mode
-    (the stages before the conv stack in ``low_rate_dtype``: see ``Decoder.to_dtypes``).
+    (the stages before the conv stack in ``low_rate_dtype``: see ``Decoder.to_dtypes``;
+    ``"auto"``: float16 where the loaded weights leave it room, ``model/low_rate.py``).
     ``channels_last`` (CUDA only; default) runs the conv stack in [B, L, C] memory layout, which
     cuDNN's NHWC kernels and the Triton kernels run fastest on (BENCHMARKS.md). ``layers``: which
     kernel or layer forms the model runs (``model/choices.py``; default ``LayerChoices()``)."""
@@ -179,14 +180,25 @@ def load_decoder(
         raise CheckpointError("\n".join(lines))
     # The stored weights as they are; to_dtypes folds in float64 and casts once to each dtype.
     model.load_state_dict(tensors, strict=True, assign=True)
-    model.to_dtypes(dtype, device, low_rate_dtype)
+    auto = low_rate_dtype == "auto"
+    model.to_dtypes(dtype, device, None if auto else low_rate_dtype)  # type: ignore[arg-type]
     if layers is not None:
         model.set_layer_choices(layers)
     if torch.device(device).type == "cuda":
         configure_cuda(dtype)
         if channels_last:
             model.channels_last()
+    if auto:
+        from code2wav.model.low_rate import auto_low_rate
+
+        auto_low_rate(model)
     return model
+
+
+def low_rate_arg(name: str | None) -> torch.dtype | str | None:
+    """A ``--low-rate-dtype`` / ``EngineConfig.low_rate_dtype`` value as ``load_decoder`` takes
+    it: a dtype's name, ``"auto"``, or None."""
+    return name if name in (None, "auto") else getattr(torch, name)
 
 
 def configure_cuda(dtype: torch.dtype) -> None:

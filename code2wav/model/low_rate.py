@@ -1,0 +1,81 @@
+"""``low_rate_dtype="auto"``: float16 low-rate stages where the loaded weights leave float16 room.
+
+The stages before the conv stack (dequantizer, pre_conv, transformer, upsampling) run in float32
+(TF32 on CUDA) under a half conv stack by default. float16 there keeps the bf16 decoder's SNR vs
+float64 (10 mantissa bits, like TF32's inputs) and runs its products at twice TF32's rate, but
+it overflows at 65,504, and how large these stages' values get depends on the weights. So "auto"
+measures it on the weights actually loaded: the float32 stages decode random codes
+(``PROBE_ROWS`` x ``PROBE_FRAMES``, every codebook drawn uniformly) while every float32 tensor
+an operator reads or writes is read, weights included, and float16 is used only if the largest
+magnitude times ``FLOAT16_HEADROOM`` is still inside float16's range; otherwise the stages stay
+float32. Only on CUDA under a half conv stack (float16 products on a CPU are slower).
+
+What is read is what the float16 path materialises: the fused Triton kernels keep their
+intermediates (RMSNorm's sum of squares, RoPE) in float32 registers, attention runs in the conv
+stack's dtype (its scores in SDPA's float32 accumulators), and a kernel's output is read where
+the next operator takes it. The CPU path materialises more (its eager RMSNorm squares), so a
+peak taken there is an upper bound.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from code2wav.model.decoder import Decoder
+
+# Knob: how far under float16's largest value the probe's peak must stay (codes a talker sends
+# may reach higher than random ones).
+FLOAT16_HEADROOM = 32.0
+PROBE_ROWS, PROBE_FRAMES, PROBE_SEED = 2, 256, 0
+_aten = torch.ops.aten
+_UNWRITTEN = {_aten.empty, _aten.empty_like, _aten.empty_strided, _aten.new_empty, _aten.new_empty_strided}
+
+
+class _Peak(TorchDispatchMode):
+    """The largest finite magnitude of any ``dtype`` tensor an operator reads or writes (a fresh
+    empty tensor's garbage aside), kept on the device: no sync per operator."""
+
+    def __init__(self, dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        self.dtype, self.peak = dtype, torch.zeros((), dtype=torch.float64, device=device)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        seen = tree_leaves((args, kwargs)) + ([] if func.overloadpacket in _UNWRITTEN else tree_leaves(out))
+        for t in seen:
+            if isinstance(t, Tensor) and t.dtype == self.dtype and t.numel():  # inf: an attention mask's, not a value
+                self.peak = torch.maximum(self.peak, t.abs().nan_to_num(posinf=0.0).amax().double())
+        return out
+
+
+@torch.no_grad()
+def low_rate_peak(model: Decoder, codes: Tensor | None = None) -> float:
+    """The largest magnitude any operator of ``model``'s low-rate stages reads or writes in
+    their dtype while they decode ``codes`` ([B, Q, T]; default: the probe's random codes) whole."""
+    cfg = model.config
+    if codes is None:
+        g = torch.Generator().manual_seed(PROBE_SEED)
+        codes = torch.randint(0, cfg.codebook_size, (PROBE_ROWS, cfg.num_quantizers, PROBE_FRAMES), generator=g)
+    device = model.pre_conv.conv.weight.device
+    with _Peak(model.low_rate_dtype, device) as probe:
+        out = model.upsampled(model.front(codes.to(device)))
+    return max(float(probe.peak), float(out.abs().amax()))  # the last kernel's output, read by nothing inside
+
+
+def float16_fits(peak: float) -> bool:
+    return peak * FLOAT16_HEADROOM <= torch.finfo(torch.float16).max
+
+
+def auto_low_rate(model: Decoder, cuda_only: bool = True) -> torch.dtype:
+    """For a model ``to_dtypes`` left with float32 low-rate stages: on CUDA (any device if not
+    ``cuda_only``) under a half conv stack, the probe's peak (kept as ``model.low_rate_peak``),
+    and the stages cast to float16 if it fits. Returns the low-rate dtype the model runs."""
+    half = model.dtype in (torch.bfloat16, torch.float16)
+    if half and model.low_rate_dtype == torch.float32 and (model.pre_conv.conv.weight.is_cuda or not cuda_only):
+        model.low_rate_peak = low_rate_peak(model)
+        if float16_fits(model.low_rate_peak):
+            model.cast_low_rate(torch.float16)
+    return model.low_rate_dtype
