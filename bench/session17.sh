@@ -6,6 +6,9 @@
 #   bash bench/session17.sh b   (the tiles committed) the sweep's whole table again, sustained 1 / 256 with the defaults, with the
 #                               ConvTransposes as one kernel, and with float16 low-rate stages on top;
 #                               then the quick GPU checks
+#   bash bench/session17.sh c   the new defaults (low_rate_dtype auto, the last ConvTranspose as one
+#                               kernel): serve from a cold start twice, sustained 1 / 64 / 256 with
+#                               them and with float32 low-rate stages, the quick GPU checks
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 case "${1:-}" in
@@ -33,7 +36,26 @@ b)
   stamp "GPU checks (quick)"
   timeout $((585 - (SECONDS - T0))) python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt" | grep -E "^(PASS|FAIL|SUMMARY)" | tee -a "$log"
   ;;
-*) echo "usage: bash bench/session17.sh a|b" >&2; exit 2 ;;
+c)
+  # the defaults since this call's commit: low_rate_dtype="auto" (float16 on these weights), the
+  # last block's ConvTranspose as one kernel. A fresh machine (no Triton cache carried).
+  for start in fresh restart; do
+    stamp "serve from a cold start to the first audio ($start)"
+    COLD_START_UNTIL="first audio" timeout 100 python3 bench/cold_start.py serve --device cuda --dtype bfloat16 --max-streams 256 2>&1 \
+      | tee "$OUT/cold_$start.txt" | grep -v '^{"' | tail -n 6 | tee -a "$log"
+  done
+  for run in default:"" lowrate32:"--low-rate-dtype float32"; do
+    name=${run%%:*}; stamp "sustained 1 / 64 / 256, $name"
+    # shellcheck disable=SC2086
+    timeout 160 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 1,64,256 --seconds 3 ${run#*:} \
+      --out "$OUT/$name" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/$name.txt" | grep -A4 "^mode" | tee -a "$log"
+    python3 -c "import json, sys; m = json.load(open(sys.argv[1]))['meta']; print('low-rate', m['low_rate_dtype'], 'peak', m['low_rate_peak'])" \
+      "$OUT/$name/results.json" 2>&1 | tee -a "$log"
+  done
+  stamp "GPU checks (quick)"
+  timeout $((585 - (SECONDS - T0))) python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt" | grep -E "^(PASS|FAIL|SUMMARY)" | tee -a "$log"
+  ;;
+*) echo "usage: bash bench/session17.sh a|b|c" >&2; exit 2 ;;
 esac
 stamp "done"
-keep_triton_cache | tee -a "$log"
+if [ "$1" = c ]; then rm -f "$OUT"/*/plot.png; else keep_triton_cache | tee -a "$log"; fi  # c: what comes back is counted

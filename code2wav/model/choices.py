@@ -43,7 +43,7 @@ class LayerChoices:
     # (kernels/convt.py) in steps of at least this many input rows (0: never; its two cuBLAS
     # products, the second reading the output back). 1: every step, at the widths
     # kernels/convt.TILES has tiles for (where bench/convt.py found the kernel faster).
-    convt_kernel_rows: int = 0
+    convt_kernel_rows: int = 1
     # Few-row float32 products (the low-rate stages of small steps) through the Triton
     # GEMV-style kernel (kernels/skinny.py) instead of cuBLAS.
     skinny: bool = True
