@@ -88,3 +88,13 @@ def test_auto_is_the_default_and_changes_nothing_off_cuda(tmp_path):
     for dtype in (torch.bfloat16, torch.float32):
         m = load_decoder(ckpt, dtype=dtype, low_rate_dtype="auto")
         assert m.low_rate_dtype == torch.float32 and m.low_rate_peak is None  # no probe on a CPU
+
+
+def test_rope_frequencies_stay_float32_in_every_dtype():
+    """A half cast would round RoPE's frequencies to 8 or 11 bits; every model keeps the float32
+    ones (the angles are float32 products of positions and these)."""
+    ref = model(SMALL, torch.float32).pre_transformer.rotary.inv_freq
+    for dtype, low in ((torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float16), (torch.float64, None)):
+        freqs = model(SMALL, dtype, low_rate_dtype=low).pre_transformer.rotary.inv_freq
+        assert freqs.dtype == torch.float32 and torch.equal(freqs, ref)
+    assert ref.to(torch.float16).to(torch.float32).ne(ref).any()  # what the cast would have done

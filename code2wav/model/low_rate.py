@@ -12,8 +12,8 @@ float32. Only on CUDA under a half conv stack (float16 products on a CPU are slo
 
 What is read is what the float16 path materialises: the fused Triton kernels keep their
 intermediates (RMSNorm's sum of squares, RoPE) in float32 registers, attention runs in the conv
-stack's dtype (its scores in SDPA's float32 accumulators), and a kernel's output is read where
-the next operator takes it. The CPU path materialises more (its eager RMSNorm squares), so a
+stack's dtype (its scores in SDPA's float32 accumulators), RoPE's angles are float32 in every
+dtype (``Rotary``: not read), and a kernel's output is read where the next operator takes it. The CPU path materialises more (its eager RMSNorm squares), so a
 peak taken there is an upper bound.
 """
 
@@ -41,9 +41,12 @@ class _Peak(TorchDispatchMode):
     def __init__(self, dtype: torch.dtype, device: torch.device):
         super().__init__()
         self.dtype, self.peak = dtype, torch.zeros((), dtype=torch.float64, device=device)
+        self.paused = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if self.paused:
+            return out
         seen = tree_leaves((args, kwargs)) + ([] if func.overloadpacket in _UNWRITTEN else tree_leaves(out))
         for t in seen:
             if isinstance(t, Tensor) and t.dtype == self.dtype and t.numel():  # inf: an attention mask's, not a value
@@ -60,8 +63,18 @@ def low_rate_peak(model: Decoder, codes: Tensor | None = None) -> float:
         g = torch.Generator().manual_seed(PROBE_SEED)
         codes = torch.randint(0, cfg.codebook_size, (PROBE_ROWS, cfg.num_quantizers, PROBE_FRAMES), generator=g)
     device = model.pre_conv.conv.weight.device
-    with _Peak(model.low_rate_dtype, device) as probe:
-        out = model.upsampled(model.front(codes.to(device)))
+    probe = _Peak(model.low_rate_dtype, device)
+    rotary = model.pre_transformer.rotary  # positions and angles: float32 in every dtype, not values
+    hooks = [rotary.register_forward_pre_hook(lambda *_: setattr(probe, "paused", True)),
+             rotary.register_forward_hook(lambda *_: setattr(probe, "paused", False))]
+    autotune, torch.backends.cudnn.benchmark = torch.backends.cudnn.benchmark, False  # for shapes that repeat; these run once
+    try:
+        with probe:
+            out = model.upsampled(model.front(codes.to(device)))
+    finally:
+        torch.backends.cudnn.benchmark = autotune
+        for h in hooks:
+            h.remove()
     return max(float(probe.peak), float(out.abs().amax()))  # the last kernel's output, read by nothing inside
 
 

@@ -46,12 +46,24 @@ class LayerScale(nn.Module):
 
 
 class Rotary(nn.Module):
-    """RoPE on absolute frame positions. Angles are computed in fp32, as the reference model does."""
+    """RoPE on absolute frame positions. Angles are computed in fp32, as the reference model does,
+    from float32 frequencies whatever the module's dtype: a cast to a half dtype would round
+    them to 8 or 11 bits (``_apply`` puts them back)."""
 
     def __init__(self, head_dim: int, theta: float):
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.head_dim, self.theta = head_dim, theta
+        self.register_buffer("inv_freq", self._frequencies(), persistent=False)
+
+    def _frequencies(self, device: torch.device | None = None) -> Tensor:
+        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=device).float() / self.head_dim
+        return 1.0 / (self.theta ** exponents)
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        if self.inv_freq.dtype != torch.float32:
+            self.inv_freq = self._frequencies(self.inv_freq.device)
+        return self
 
     def forward(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         freqs = positions.float()[..., None] * self.inv_freq.float()
