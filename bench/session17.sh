@@ -8,7 +8,10 @@
 #                               then the quick GPU checks
 #   bash bench/session17.sh c   the new defaults (low_rate_dtype auto, the last ConvTranspose as one
 #                               kernel): serve from a cold start twice, sustained 1 / 64 / 256 with
-#                               them and with float32 low-rate stages, the quick GPU checks
+#                               them and with float32 low-rate stages, the quick GPU checks (its
+#                               cold starts failed: the serve stack's wheels were not carried)
+#   bash bench/session17.sh d   (carry .whl) serve from a cold start to the first audio: the default
+#                               on a fresh machine and on a restart, then float32 low-rate stages
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 case "${1:-}" in
@@ -55,7 +58,17 @@ c)
   stamp "GPU checks (quick)"
   timeout $((585 - (SECONDS - T0))) python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt" | grep -E "^(PASS|FAIL|SUMMARY)" | tee -a "$log"
   ;;
-*) echo "usage: bash bench/session17.sh a|b|c" >&2; exit 2 ;;
+d)
+  # (carry .whl: the serve stack) serve from a cold start to the first audio: the default (auto,
+  # float16 on these weights) on a fresh machine and on a restart, then float32 low-rate stages
+  for spec in fresh: restart: float32:"--low-rate-dtype float32"; do
+    name=${spec%%:*}; stamp "serve from a cold start to the first audio ($name)"
+    # shellcheck disable=SC2086
+    COLD_START_UNTIL="first audio" timeout 100 python3 bench/cold_start.py serve --device cuda --dtype bfloat16 --max-streams 256 ${spec#*:} 2>&1 \
+      | tee "$OUT/cold_$name.txt" | grep -v '^{"' | tail -n 6 | tee -a "$log"
+  done
+  ;;
+*) echo "usage: bash bench/session17.sh a|b|c|d" >&2; exit 2 ;;
 esac
 stamp "done"
-if [ "$1" = c ]; then rm -f "$OUT"/*/plot.png; else keep_triton_cache | tee -a "$log"; fi  # c: what comes back is counted
+if [ "$1" = c ] || [ "$1" = d ]; then rm -f "$OUT"/*/plot.png; else keep_triton_cache | tee -a "$log"; fi  # c: what comes back is counted
