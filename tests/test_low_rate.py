@@ -44,7 +44,8 @@ def test_the_probe_reads_values_that_never_leave_a_module():
         hidden = torch.nn.functional.linear(normed, block.pwconv1.weight, block.pwconv1.bias)
         assert torch.equal(block(x), x)  # the block passes its input through
     peak = low_rate.low_rate_peak(scaled, codes)
-    assert peak >= float(hidden.abs().amax()) > torch.finfo(torch.float16).max
+    # (the probe's convs run as shifted products, the instant forms: rounding apart)
+    assert peak >= float(hidden.abs().amax()) * (1 - 1e-5) and peak > torch.finfo(torch.float16).max
     assert low_rate.float16_fits(base) and not low_rate.float16_fits(peak)
 
 

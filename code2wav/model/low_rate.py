@@ -10,11 +10,12 @@ an operator reads or writes is read, weights included, and float16 is used only 
 magnitude times ``FLOAT16_HEADROOM`` is still inside float16's range; otherwise the stages stay
 float32. Only on CUDA under a half conv stack (float16 products on a CPU are slower).
 
-What is read is what the float16 path materialises: the fused Triton kernels keep their
-intermediates (RMSNorm's sum of squares, RoPE) in float32 registers, attention runs in the conv
-stack's dtype (its scores in SDPA's float32 accumulators), RoPE's angles are float32 in every
-dtype (``Rotary``: not read), and a kernel's output is read where the next operator takes it. The CPU path materialises more (its eager RMSNorm squares), so a
-peak taken there is an upper bound.
+The probe runs the instant forms (``kernels/instant.py``: torch's own formulas, convolutions as
+products of shifted views), so it costs no Triton compile and no cuDNN plan before the first
+audio. They compute the same values and store every one the float16 path stores, and more
+(partial sums of the shifted products, a layer scale's product before its residual add), so the
+peak is at or above the float16 path's. Skipped: what that path never stores (``_NOT_READ_INSIDE``);
+attention runs in the conv stack's dtype, its scores in SDPA's float32 accumulators.
 """
 
 from __future__ import annotations
@@ -24,13 +25,19 @@ from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from code2wav.kernels import instant
 from code2wav.model.decoder import Decoder
+from code2wav.model.transformer import RMSNorm, Rotary
 
 # Knob: how far under float16's largest value the probe's peak must stay (codes a talker sends
 # may reach higher than random ones).
 FLOAT16_HEADROOM = 32.0
 PROBE_ROWS, PROBE_FRAMES, PROBE_SEED = 2, 256, 0
 _aten = torch.ops.aten
+# Modules whose insides the probe does not read: the float16 path keeps RMSNorm's sum of squares
+# in a kernel's float32 registers (its input and output are read outside it), and RoPE's
+# positions and angles are float32 in every dtype (``Rotary``).
+_NOT_READ_INSIDE = (RMSNorm, Rotary)
 _UNWRITTEN = {_aten.empty, _aten.empty_like, _aten.empty_strided, _aten.new_empty, _aten.new_empty_strided}
 
 
@@ -64,15 +71,15 @@ def low_rate_peak(model: Decoder, codes: Tensor | None = None) -> float:
         codes = torch.randint(0, cfg.codebook_size, (PROBE_ROWS, cfg.num_quantizers, PROBE_FRAMES), generator=g)
     device = model.pre_conv.conv.weight.device
     probe = _Peak(model.low_rate_dtype, device)
-    rotary = model.pre_transformer.rotary  # positions and angles: float32 in every dtype, not values
-    hooks = [rotary.register_forward_pre_hook(lambda *_: setattr(probe, "paused", True)),
-             rotary.register_forward_hook(lambda *_: setattr(probe, "paused", False))]
-    autotune, torch.backends.cudnn.benchmark = torch.backends.cudnn.benchmark, False  # for shapes that repeat; these run once
+    hooks = []
+    for m in model.pre_transformer.modules():
+        if isinstance(m, _NOT_READ_INSIDE):
+            hooks += [m.register_forward_pre_hook(lambda *_: setattr(probe, "paused", True)),
+                      m.register_forward_hook(lambda *_: setattr(probe, "paused", False))]
     try:
-        with probe:
+        with instant.forms(), probe:
             out = model.upsampled(model.front(codes.to(device)))
     finally:
-        torch.backends.cudnn.benchmark = autotune
         for h in hooks:
             h.remove()
     return max(float(probe.peak), float(out.abs().amax()))  # the last kernel's output, read by nothing inside
