@@ -59,6 +59,8 @@ c)
   timeout $((585 - (SECONDS - T0))) python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt" | grep -E "^(PASS|FAIL|SUMMARY)" | tee -a "$log"
   ;;
 d)
+  stamp "the low-rate probe's cost in a fresh process"
+  timeout 120 python3 bench/probe_cost.py 2>&1 | tee "$OUT/probe_cost.txt" | tail -n 8 | tee -a "$log"
   # (carry .whl: the serve stack) serve from a cold start to the first audio: the default (auto,
   # float16 on these weights) on a fresh machine and on a restart, then float32 low-rate stages
   for spec in fresh: restart: float32:"--low-rate-dtype float32"; do

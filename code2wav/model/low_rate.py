@@ -32,7 +32,7 @@ from code2wav.model.transformer import RMSNorm, Rotary
 # Knob: how far under float16's largest value the probe's peak must stay (codes a talker sends
 # may reach higher than random ones).
 FLOAT16_HEADROOM = 32.0
-PROBE_ROWS, PROBE_FRAMES, PROBE_SEED = 2, 256, 0
+PROBE_ROWS, PROBE_FRAMES, PROBE_SEED = 2, 128, 0
 _aten = torch.ops.aten
 # Modules whose insides the probe does not read: the float16 path keeps RMSNorm's sum of squares
 # in a kernel's float32 registers (its input and output are read outside it), and RoPE's
@@ -42,8 +42,8 @@ _UNWRITTEN = {_aten.empty, _aten.empty_like, _aten.empty_strided, _aten.new_empt
 
 
 class _Peak(TorchDispatchMode):
-    """The largest finite magnitude of any ``dtype`` tensor an operator reads or writes (a fresh
-    empty tensor's garbage aside), kept on the device: no sync per operator."""
+    """The largest magnitude of any ``dtype`` tensor an operator reads or writes (a fresh empty
+    tensor's garbage aside), kept on the device: no sync per operator."""
 
     def __init__(self, dtype: torch.dtype, device: torch.device):
         super().__init__()
@@ -56,15 +56,17 @@ class _Peak(TorchDispatchMode):
             return out
         seen = tree_leaves((args, kwargs)) + ([] if func.overloadpacket in _UNWRITTEN else tree_leaves(out))
         for t in seen:
-            if isinstance(t, Tensor) and t.dtype == self.dtype and t.numel():  # inf: an attention mask's, not a value
-                self.peak = torch.maximum(self.peak, t.abs().nan_to_num(posinf=0.0).amax().double())
+            if isinstance(t, Tensor) and t.dtype == self.dtype and t.numel():
+                self.peak = torch.maximum(self.peak, torch.linalg.vector_norm(t, float("inf")).double())
         return out
 
 
 @torch.no_grad()
 def low_rate_peak(model: Decoder, codes: Tensor | None = None) -> float:
     """The largest magnitude any operator of ``model``'s low-rate stages reads or writes in
-    their dtype while they decode ``codes`` ([B, Q, T]; default: the probe's random codes) whole."""
+    their dtype while they decode ``codes`` ([B, Q, T]; default: the probe's random codes) whole.
+    For a half model, whose stages attend in its half dtype: a float32 model's attention masks
+    (-inf) are float32 too and read as inf."""
     cfg = model.config
     if codes is None:
         g = torch.Generator().manual_seed(PROBE_SEED)
