@@ -6,7 +6,7 @@ float64 (10 mantissa bits, like TF32's inputs) and runs its products at twice TF
 it overflows at 65,504, and how large these stages' values get depends on the weights. So "auto"
 measures it on the weights actually loaded: the float32 stages decode random codes
 (``PROBE_ROWS`` x ``PROBE_FRAMES``, every codebook drawn uniformly) while every float32 tensor
-an operator reads or writes is read, weights included, and float16 is used only if the largest
+a torch function reads or returns is read, weights included, and float16 is used only if the largest
 magnitude times ``FLOAT16_HEADROOM`` is still inside float16's range; otherwise the stages stay
 float32. Only on CUDA under a half conv stack (float16 products on a CPU are slower).
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
 from code2wav.kernels import instant
@@ -33,28 +33,27 @@ from code2wav.model.transformer import RMSNorm, Rotary
 # may reach higher than random ones).
 FLOAT16_HEADROOM = 32.0
 PROBE_ROWS, PROBE_FRAMES, PROBE_SEED = 2, 128, 0
-_aten = torch.ops.aten
 # Modules whose insides the probe does not read: the float16 path keeps RMSNorm's sum of squares
 # in a kernel's float32 registers (its input and output are read outside it), and RoPE's
 # positions and angles are float32 in every dtype (``Rotary``).
 _NOT_READ_INSIDE = (RMSNorm, Rotary)
-_UNWRITTEN = {_aten.empty, _aten.empty_like, _aten.empty_strided, _aten.new_empty, _aten.new_empty_strided}
+_UNWRITTEN = {torch.empty, torch.empty_like, torch.empty_strided, Tensor.new_empty, Tensor.new_empty_strided}
 
 
-class _Peak(TorchDispatchMode):
-    """The largest magnitude of any ``dtype`` tensor an operator reads or writes (a fresh empty
-    tensor's garbage aside), kept on the device: no sync per operator."""
+class _Peak(TorchFunctionMode):  # (a TorchDispatchMode imports torch._dynamo: seconds at load)
+    """The largest magnitude of any ``dtype`` tensor a torch function reads or returns (a fresh
+    empty tensor's garbage aside), kept on the device: no sync per call."""
 
     def __init__(self, dtype: torch.dtype, device: torch.device):
         super().__init__()
         self.dtype, self.peak = dtype, torch.zeros((), dtype=torch.float64, device=device)
         self.paused = False
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if self.paused:
             return out
-        seen = tree_leaves((args, kwargs)) + ([] if func.overloadpacket in _UNWRITTEN else tree_leaves(out))
+        seen = tree_leaves((args, kwargs)) + ([] if func in _UNWRITTEN else tree_leaves(out))
         for t in seen:
             if isinstance(t, Tensor) and t.dtype == self.dtype and t.numel():
                 self.peak = torch.maximum(self.peak, torch.linalg.vector_norm(t, float("inf")).double())
@@ -63,7 +62,7 @@ class _Peak(TorchDispatchMode):
 
 @torch.no_grad()
 def low_rate_peak(model: Decoder, codes: Tensor | None = None) -> float:
-    """The largest magnitude any operator of ``model``'s low-rate stages reads or writes in
+    """The largest magnitude any torch function of ``model``'s low-rate stages reads or returns in
     their dtype while they decode ``codes`` ([B, Q, T]; default: the probe's random codes) whole.
     For a half model, whose stages attend in its half dtype: a float32 model's attention masks
     (-inf) are float32 too and read as inf."""
