@@ -557,14 +557,18 @@ def test_state_bytes_per_stream():
     assert engine.state_bytes()["pool"] == (3 + 1) * per  # three slots and the scratch row
 
 
-def test_float16_overflow_ends_only_that_stream():
-    """float16 can overflow (max 65504) where bfloat16 cannot. A row whose audio comes out
-    non-finite gets ``non_finite_audio`` and is ended (its state holds inf/NaN now); the other
-    rows of the same step decode normally and stay open. (float16 throughout, so the overflow
-    comes from the codebook sum, per row.)"""
+@pytest.mark.parametrize("pcm16", [False, True])
+@pytest.mark.parametrize(("dtype", "low"), [(torch.float16, torch.float16), (torch.bfloat16, torch.float16)])
+def test_float16_overflow_ends_only_that_stream(dtype, low, pcm16):
+    """float16 can overflow (max 65504) where bfloat16 cannot, in a float16 conv stack or in
+    float16 low-rate stages (``low_rate_dtype="auto"``'s choice on CUDA). A row whose audio comes
+    out non-finite gets ``non_finite_audio`` and is ended (its state holds inf/NaN now); the
+    other rows of the same step, a shorter one included (a ragged step), decode normally and
+    stay open. It is checked on the step's device, so ``pcm16`` streams are
+    caught too. (The overflow comes from the codebook sum, per row.)"""
     from code2wav.stream.rows import StreamError
 
-    m = copy.deepcopy(model(SMALL, torch.float16, low_rate_dtype=torch.float16))
+    m = copy.deepcopy(model(SMALL, dtype, low_rate_dtype=low))
     m.quantizer.table = m.quantizer.table.clone()
     size = SMALL.codebook_size
     m.quantizer.table[7] = 6e4  # code 7 of quantizers 0 and 1: their sum overflows float16
@@ -573,20 +577,29 @@ def test_float16_overflow_ends_only_that_stream():
     good[good == 7] = 8
     bad = good.clone()
     bad[2, :2] = 7
-    engine = StreamEngine(m, max_streams=2)
-    engine.open("good")
-    engine.open("bad")
-    out = engine.decode({"good": good, "bad": bad})
+    engine = StreamEngine(m, max_streams=3)
+    for rid in ("good", "short", "bad"):
+        engine.open(rid, pcm16=pcm16)
+    out = engine.decode({"good": good, "short": good[:5], "bad": bad})  # one step of 6 / 5 / 6 frames
     assert isinstance(out["bad"], StreamError) and out["bad"].code == "non_finite_audio"
     assert "'bad'" in str(out["bad"])
-    assert torch.isfinite(out["good"]).all() and out["good"].shape == (6 * SPF,)
-    assert engine.active == 1 and engine.pool.in_use == 1
+    for rid, frames in (("good", 6), ("short", 5)):
+        assert out[rid].dtype == (torch.int16 if pcm16 else dtype) and out[rid].shape == (frames * SPF,)
+        assert torch.isfinite(out[rid].float()).all()
+    assert engine.active == 2 and engine.pool.in_use == 2
     with pytest.raises(StreamError, match="already aborted"):
         engine.push("bad", good[:1])
-    assert torch.isfinite(engine.push("good", good[:2])).all()
+    assert torch.isfinite(engine.push("good", good[:2]).float()).all()
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_no_overflow_check_without_float16():
+    """bfloat16 and float32 do not overflow on this decoder's values: no check runs there."""
+    assert not StreamEngine(model(SMALL, torch.bfloat16)).overflows
+    assert not StreamEngine(model(SMALL, torch.float32)).overflows
+    assert StreamEngine(model(SMALL, torch.bfloat16, low_rate_dtype=torch.float16)).overflows
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
 def test_pcm16_streams_get_their_float_audio_quantized_by_the_one_rule(dtype):
     """A stream opened with ``pcm16`` gets int16 samples, quantized where its step ran: exactly
     ``to_int16`` of the float samples the same stream gets without it, in steps that hold float
@@ -614,15 +627,6 @@ def test_pcm16_streams_get_their_float_audio_quantized_by_the_one_rule(dtype):
         assert pcm.shape == fl.shape == (frames * SPF,)
         assert (pcm != 0).any()
         assert torch.equal(pcm, torch.from_numpy(to_int16(fl))), q
-
-
-def test_pcm16_streams_of_a_float16_engine_keep_float_samples():
-    """float16's overflow check reads a row's float samples, so its pcm16 streams get those (and
-    ``to_int16`` quantizes them on the host)."""
-    m = model(SMALL, torch.float16, low_rate_dtype=torch.float16)
-    engine = StreamEngine(m, max_streams=1)
-    engine.open("q", pcm16=True)
-    assert engine.push("q", random_codes(3, SMALL, seed=2)).dtype == torch.float16
 
 
 def test_layer_choices_belong_to_the_model(small64):

@@ -13,6 +13,7 @@ with every other stream waiting for its prefill (``stream/prefill.py``).
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -34,6 +35,8 @@ from code2wav.stream.schedule import Group, SchedulePolicy, Scheduler
 from code2wav.stream.staging import Staged, Stager
 
 Deliver = Callable[["Stream | None", str, Result], None]
+# A row whose audio holds a NaN (a float16 overflow): ``deliver`` ends its stream.
+NON_FINITE = ArithmeticError("non-finite audio")
 
 
 class StreamEngine(Lifecycle):
@@ -68,6 +71,9 @@ class StreamEngine(Lifecycle):
                                bucket=self.device.type == "cuda" if bucket_prefill is None else bucket_prefill,
                                cache=PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None)
         self._events: list[Any] = []  # CUDA timing events, reused once their step has landed
+        # float16 (the conv stack's or the low-rate stages') can overflow where bfloat16 and
+        # float32 cannot: each row's audio is then checked on the step's device (_outputs).
+        self.overflows = torch.float16 in (model.dtype, model.low_rate_dtype)
 
     @property
     def policy(self) -> SchedulePolicy:
@@ -148,7 +154,7 @@ class StreamEngine(Lifecycle):
                 st.last_active = time.monotonic()
                 if not self._live(st):  # ended while its row ran (abort, reaper)
                     res = StreamError("stream_ended", f"stream {rid!r} ended while its chunk was decoding")
-                elif self.dtype == torch.float16 and isinstance(res, Tensor) and not bool(torch.isfinite(res).all()):
+                elif res is NON_FINITE:
                     # float16 overflowed somewhere in this row: its state holds inf/NaN now, so
                     # every later chunk would be noise. End this stream only (rows are independent).
                     self._release(st, "aborted")
@@ -205,13 +211,19 @@ class StreamEngine(Lifecycle):
                 rows = [r for r in rows if r.stream not in waiting]
         return rows
 
-    def _outputs(self, wav: Tensor, group: Group) -> dict[bool, Tensor]:
-        """A step's audio as its rows take it, keyed by ``pcm16``: float samples, and
-        int16 ones for ``pcm16`` streams, quantized here on the step's device (one elementwise
-        kernel, instead of the host widening and rounding every sample between two steps).
-        float16 keeps its float samples only: ``deliver``'s overflow check reads them."""
-        wanted = {r.stream.pcm16 for r in group.rows} if self.dtype != torch.float16 else {False}
-        return {pcm16: quantize16(wav) if pcm16 else wav for pcm16 in wanted}
+    def _outputs(self, wav: Tensor, group: Group, n_new: Tensor) -> tuple[dict[bool, Tensor], Tensor | None]:
+        """A step's audio as its rows take it, keyed by ``pcm16``: float samples, and int16
+        ones for ``pcm16`` streams, quantized here on the step's device (one elementwise kernel,
+        instead of the host widening and rounding every sample between two steps). Where
+        float16 can overflow (``overflows``), also each row's sum over its valid samples: the
+        audio is clamped to [-1, 1], so a sum is finite unless the row holds a NaN."""
+        outs = {pcm16: quantize16(wav) if pcm16 else wav for pcm16 in {r.stream.pcm16 for r in group.rows}}
+        if not self.overflows:
+            return outs, None
+        if min(group.pieces) != max(group.pieces):  # padded frames are not the row's audio
+            valid = n_new[: len(group), None].to(wav.device, non_blocking=True) * self.cfg.samples_per_frame  # pinned: no sync
+            wav = wav.masked_fill(torch.arange(wav.shape[1], device=wav.device) >= valid, 0.0)
+        return outs, wav.sum(1)
 
     @torch.no_grad()
     def _run(self, rows: list[Row], deliver: Deliver, more: Callable[[], list[Row]] | None) -> None:
@@ -240,9 +252,10 @@ class StreamEngine(Lifecycle):
             # Audio first: handing a row over wakes its caller's thread, which then runs while
             # this one does the bookkeeping below.
             for row in complete:  # a one-piece row (the usual case) is a view: no copy
-                audio = row.pieces[0][0][: row.pieces[0][1]] if len(row.pieces) == 1 else torch.cat([w[:k] for w, k in row.pieces])
+                audio = row.pieces[0][0][: row.pieces[0][1]] if len(row.pieces) == 1 else torch.cat([w[:k] for w, k, _ in row.pieces])
+                finite = all(total is None or math.isfinite(total) for _, _, total in row.pieces)
                 row.pieces = []
-                deliver(row.stream, row.request_id, audio)
+                deliver(row.stream, row.request_id, audio if finite else NON_FINITE)
             if pin:
                 seconds = start.elapsed_time(end) / 1e3
                 self._events += (start, end)
@@ -266,15 +279,18 @@ class StreamEngine(Lifecycle):
                 else:
                     start = time.perf_counter()
                 wav = self.runner(staged.codes, staged.slots, staged.n_new)[: len(group), : max(group.pieces) * spf]
-                outs = self._outputs(wav, group)
+                outs, sums = self._outputs(wav, group, staged.n_new)
                 if pin:
-                    outs = {k: torch.empty(w.shape, dtype=w.dtype, pin_memory=True).copy_(w, non_blocking=True) for k, w in outs.items()}
+                    host = lambda w: torch.empty(w.shape, dtype=w.dtype, pin_memory=True).copy_(w, non_blocking=True)  # noqa: E731
+                    outs = {k: host(w) for k, w in outs.items()}
+                    sums = None if sums is None else host(sums)
                     end.record(stream)
                 else:
                     end = time.perf_counter()
+                totals = [None] * len(group) if sums is None else sums.tolist() if not pin else sums  # read once landed
                 complete, left = [], []
                 for j, (r, k) in enumerate(zip(group.rows, group.pieces)):
-                    r.pieces.append((outs[r.stream.pcm16 if r.stream.pcm16 in outs else False][j], k * spf))
+                    r.pieces.append((outs[r.stream.pcm16][j], k * spf, totals[j]))
                     r.done += k
                     (complete if r.done == r.frames.shape[0] else left).append(r)
                 sched.requeue(left)
