@@ -26,7 +26,7 @@ def timed(fn) -> float:
 def main() -> int:
     dtype = getattr(torch, sys.argv[1] if len(sys.argv) > 1 else "bfloat16")
     t0 = time.perf_counter()
-    model = load_decoder(None, device="cuda", dtype=dtype)  # float32 low-rate stages
+    model = load_decoder(None, device="cuda", dtype=dtype, low_rate_dtype=None)  # float32 low-rate stages
     print(f"load {time.perf_counter() - t0:.2f} s ({model.low_rate_dtype})")
     cfg = model.config
     g = torch.Generator().manual_seed(0)

@@ -4,6 +4,7 @@ weights' values, measured at load, leave float16 room; the same weights as the f
 from __future__ import annotations
 
 import copy
+import inspect
 
 import pytest
 import torch
@@ -83,6 +84,7 @@ def test_auto_gives_the_float16_knobs_weights():
 
 def test_auto_is_the_default_and_changes_nothing_off_cuda(tmp_path):
     assert EngineConfig().low_rate_dtype == "auto"
+    assert inspect.signature(load_decoder).parameters["low_rate_dtype"].default == "auto"
     with pytest.raises(ValueError, match="low_rate_dtype must be one of"):
         EngineConfig(low_rate_dtype="float8")
     ckpt = save_checkpoint(model(SMALL, torch.float32), tmp_path / "ckpt")

@@ -140,12 +140,13 @@ def load_decoder(
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
     channels_last: bool = True,
-    low_rate_dtype: torch.dtype | str | None = None,
+    low_rate_dtype: torch.dtype | str | None = "auto",
     layers: LayerChoices | None = None,
 ) -> Decoder:
     """Load the decoder, fold its codebooks and move it to ``device``/``dtype`` in eval mode
-    (the stages before the conv stack in ``low_rate_dtype``: see ``Decoder.to_dtypes``;
-    ``"auto"``: float16 where the loaded weights leave it room, ``model/low_rate.py``).
+    (the stages before the conv stack in ``low_rate_dtype``: see ``Decoder.to_dtypes``; the
+    default ``"auto"``: float16 on CUDA under a half ``dtype`` where the loaded weights leave it
+    room, ``model/low_rate.py``; None: float32 under a half ``dtype``).
     ``channels_last`` (CUDA only; default) runs the conv stack in [B, L, C] memory layout, which
     cuDNN's NHWC kernels and the Triton kernels run fastest on (BENCHMARKS.md). ``layers``: which
     kernel or layer forms the model runs (``model/choices.py``; default ``LayerChoices()``)."""
