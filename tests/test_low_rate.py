@@ -71,14 +71,16 @@ def test_auto_casts_to_float16_where_it_fits_and_keeps_float32_where_not():
 
 def test_auto_gives_the_float16_knobs_weights():
     """Cast after the probe or cast at load: the same parameters and buffers (the codebook table
-    folded again from the unrounded codebooks, the fused projections), attention in bf16."""
-    auto = _half_model()
+    folded again from the unrounded codebooks, the fused projections), in the same memory
+    layout (channels-last convs, as on CUDA), attention in bf16."""
+    auto = _half_model().channels_last()
     low_rate.auto_low_rate(auto, cuda_only=False)
-    knob = model(SMALL, torch.bfloat16, low_rate_dtype=torch.float16)
+    knob = copy.deepcopy(model(SMALL, torch.bfloat16, low_rate_dtype=torch.float16)).channels_last()
     a, k = dict(auto.named_buffers()) | auto.state_dict(), dict(knob.named_buffers()) | knob.state_dict()
     assert a.keys() == k.keys()
     for name in a:
         assert a[name].dtype == k[name].dtype and torch.equal(a[name], k[name]), name
+        assert a[name].stride() == k[name].stride(), name
     assert auto.pre_transformer.layers[0].self_attn.attention_dtype == torch.bfloat16
 
 
