@@ -51,10 +51,10 @@ class _Peak(TorchFunctionMode):  # (a TorchDispatchMode imports torch._dynamo: s
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if self.paused:
+        made = [t for t in tree_leaves(out) if isinstance(t, Tensor)]
+        if self.paused or not made:  # no tensor made (``.shape``, ``promote_types``): nothing new to read
             return out
-        seen = tree_leaves((args, kwargs)) + ([] if func in _UNWRITTEN else tree_leaves(out))
-        for t in seen:
+        for t in tree_leaves((args, kwargs)) + ([] if func in _UNWRITTEN else made):
             if isinstance(t, Tensor) and t.dtype == self.dtype and t.numel():
                 self.peak = torch.maximum(self.peak, torch.linalg.vector_norm(t, float("inf")).double())
         return out
