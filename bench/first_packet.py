@@ -4,8 +4,8 @@ each push is stamped at submit, step entry, runner entry, replay launched, audio
 the worker, and the future resolved on the event loop. Prints the medians of each leg, the
 step's GPU time, and the engine's parts before the runner (admission, grouping, staging).
 Without CUDA it times the host's legs alone (a runner that decodes nothing).
-argv: [pushes, default 300] [dtype, default bfloat16] ["profile": cProfile the
-worker's steps and print their costliest calls]."""
+argv: [pushes, default 300] [dtype, default bfloat16] ["profile" [SORT]: cProfile the
+worker's steps and print their costliest calls, by pstats' SORT key, default tottime]."""
 
 from __future__ import annotations
 
@@ -122,7 +122,7 @@ def main() -> int:
     for name, col in zip(names, zip(*warm)):
         print(f"{name:>28} {statistics.median(col) * 1e6:8.1f}")
     if profiler is not None:
-        pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+        pstats.Stats(profiler).sort_stats(sys.argv[4] if len(sys.argv) > 4 else "tottime").print_stats(40)
     return 0
 
 
