@@ -69,6 +69,17 @@ def test_auto_casts_to_float16_where_it_fits_and_keeps_float32_where_not():
     assert not low_rate.float16_fits(big.low_rate_peak)
 
 
+def test_a_probe_that_fails_leaves_float32_and_says_why(monkeypatch):
+    def broken(*_a, **_k):
+        raise RuntimeError("no room")
+
+    monkeypatch.setattr(low_rate, "low_rate_peak", broken)
+    m = _half_model()
+    with pytest.warns(RuntimeWarning, match="the probe failed .RuntimeError: no room.; the low-rate stages stay float32"):
+        assert low_rate.auto_low_rate(m, cuda_only=False) == torch.float32
+    assert m.low_rate_peak is None and m.pre_transformer.input_proj.weight.dtype == torch.float32
+
+
 def test_auto_gives_the_float16_knobs_weights():
     """Cast after the probe or cast at load: the same parameters and buffers (the codebook table
     folded again from the unrounded codebooks, the fused projections), in the same memory

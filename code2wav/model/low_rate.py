@@ -7,8 +7,9 @@ it overflows at 65,504, and how large these stages' values get depends on the we
 measures it on the weights actually loaded: the float32 stages decode random codes
 (``PROBE_ROWS`` x ``PROBE_FRAMES``, every codebook drawn uniformly) while every float32 tensor
 a torch function reads or returns is read, weights included, and float16 is used only if the largest
-magnitude times ``FLOAT16_HEADROOM`` is still inside float16's range; otherwise the stages stay
-float32. Only on CUDA under a half conv stack (float16 products on a CPU are slower).
+magnitude times ``FLOAT16_HEADROOM`` is still inside float16's range; otherwise (or if the probe
+fails: a warning) the stages stay float32. Only on CUDA under a half conv stack (float16 products
+on a CPU are slower).
 
 The probe runs the instant forms (``kernels/instant.py``: torch's own formulas, convolutions as
 products of shifted views), so it costs no Triton compile and no cuDNN plan before the first
@@ -19,6 +20,8 @@ attention runs in the conv stack's dtype, its scores in SDPA's float32 accumulat
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 from torch import Tensor
@@ -96,7 +99,12 @@ def auto_low_rate(model: Decoder, cuda_only: bool = True) -> torch.dtype:
     and the stages cast to float16 if it fits. Returns the low-rate dtype the model runs."""
     half = model.dtype in (torch.bfloat16, torch.float16)
     if half and model.low_rate_dtype == torch.float32 and (model.pre_conv.conv.weight.is_cuda or not cuda_only):
-        model.low_rate_peak = low_rate_peak(model)
+        try:
+            model.low_rate_peak = low_rate_peak(model)
+        except Exception as e:  # the stages stay float32, the safe side; the start goes on
+            warnings.warn(f"low_rate_dtype auto: the probe failed ({type(e).__name__}: {e}); the low-rate stages stay float32",
+                          RuntimeWarning, stacklevel=2)
+            return model.low_rate_dtype
         if float16_fits(model.low_rate_peak):
             model.cast_low_rate(torch.float16)
     return model.low_rate_dtype
