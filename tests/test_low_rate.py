@@ -114,3 +114,16 @@ def test_rope_frequencies_stay_float32_in_every_dtype():
         freqs = model(SMALL, dtype, low_rate_dtype=low).pre_transformer.rotary.inv_freq
         assert freqs.dtype == torch.float32 and torch.equal(freqs, ref)
     assert ref.to(torch.float16).to(torch.float32).ne(ref).any()  # what the cast would have done
+
+
+def test_health_says_which_dtypes_run_and_the_probes_peak():
+    """``/health``'s ``precision``: what an operator checks after a start with ``auto``."""
+    from code2wav.engine.async_engine import AsyncEngine
+    from code2wav.server.service import Service
+    from code2wav.stream.engine import StreamEngine
+
+    m = _half_model()
+    low_rate.auto_low_rate(m, cuda_only=False)
+    status, body = Service(AsyncEngine(StreamEngine(m, max_streams=1))).health()
+    assert status == 200
+    assert body["precision"] == {"dtype": "bfloat16", "low_rate_dtype": "float16", "low_rate_peak": round(m.low_rate_peak, 3)}

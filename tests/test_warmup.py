@@ -192,6 +192,7 @@ def test_health_reports_the_graphs_while_warming_and_once_ready(small_f64):
     status, warming, (status_ready, ready) = asyncio.run(go())
     assert status == 200 and warming["status"] == "ok" and warming["graphs"]["state"] == "warming"  # it serves while warming
     assert status_ready == 200 and ready["graphs"] == {"state": "ready", "captured": 2, "planned": 2, "failed": 0}
+    assert ready["precision"] == {"dtype": "float64", "low_rate_dtype": "float64"}  # no probe: not auto's case
 
 
 def test_graph_capture_is_configured_by_name_and_only_graphs_warm_in_the_background(ckpt):

@@ -36,6 +36,12 @@ class Service:
         self.codebook_size: int = cfg.codebook_size
         self.samples_per_frame: int = cfg.samples_per_frame
         self.max_streams: int = self._core.max_streams
+        # The dtypes the decoder runs (the conv stack's is the audio's), and, where
+        # low_rate_dtype="auto" measured it, the probe's peak (model/low_rate.py).
+        model = self._core.model
+        self.precision: dict[str, object] = {"dtype": _name(model.dtype), "low_rate_dtype": _name(model.low_rate_dtype)}
+        if model.low_rate_peak is not None:
+            self.precision["low_rate_peak"] = round(model.low_rate_peak, 3)
         self._stop: ServiceError | None = None  # why new work is refused: shutdown (a drain) or engine_failed
         self._closed = False  # the drain is over (or the engine failed): streams may no longer open or push
         self._stopping = asyncio.Event()  # set with _stop
@@ -154,7 +160,8 @@ class Service:
     def health(self) -> tuple[int, dict]:
         """``GET /health``'s status and body: 200 while ok; the stop error's status and body (with
         ``status`` ``draining`` or ``failed``) otherwise."""
-        figures = {"active_streams": self.active_streams, "max_streams": self.max_streams, "sample_rate": self.sample_rate}
+        figures = {"active_streams": self.active_streams, "max_streams": self.max_streams, "sample_rate": self.sample_rate,
+                   "precision": self.precision}
         warmup = self._engine.warmup
         if warmup is not None:  # graphs captured while serving: "warming" (steps partly eager), then "ready"
             figures["graphs"] = warmup.status()
@@ -237,3 +244,7 @@ class Service:
 
 def _nothing() -> None:
     pass
+
+
+def _name(dtype: object) -> str:  # torch.float16 -> "float16"
+    return str(dtype).removeprefix("torch.")
