@@ -592,6 +592,22 @@ def test_float16_overflow_ends_only_that_stream(dtype, low, pcm16):
     assert torch.isfinite(engine.push("good", good[:2]).float()).all()
 
 
+def test_the_overflow_check_sums_in_float32():
+    """A float16 row of 64 full-scale frames sums past float16's range (122,880): the check's
+    sums are float32, so loud audio is not mistaken for an overflow; a NaN still is."""
+    from code2wav.stream.rows import Row
+    from code2wav.stream.schedule import Group
+
+    engine = StreamEngine(model(SMALL, torch.float16, low_rate_dtype=torch.float16), max_streams=2)
+    engine.open("loud")
+    engine.open("nan")
+    rows = [Row(engine._get(rid), random_codes(64)) for rid in ("loud", "nan")]
+    wav = torch.ones(2, 64 * SPF, dtype=torch.float16)
+    wav[1, 5] = float("nan")
+    outs, sums = engine._outputs(wav, Group(rows, [64, 64]), torch.tensor([64, 64]))
+    assert sums.dtype == torch.float32 and sums[0] == 64 * SPF and sums[1].isnan()
+
+
 def test_no_overflow_check_without_float16():
     """bfloat16 and float32 do not overflow on this decoder's values: no check runs there."""
     assert not StreamEngine(model(SMALL, torch.bfloat16)).overflows

@@ -223,7 +223,7 @@ class StreamEngine(Lifecycle):
         if min(group.pieces) != max(group.pieces):  # padded frames are not the row's audio
             valid = n_new[: len(group), None].to(wav.device, non_blocking=True) * self.cfg.samples_per_frame  # pinned: no sync
             wav = wav.masked_fill(torch.arange(wav.shape[1], device=wav.device) >= valid, 0.0)
-        return outs, wav.sum(1)
+        return outs, wav.sum(1, dtype=torch.float32)  # float16's own sum of 34+ full-scale frames would overflow
 
     @torch.no_grad()
     def _run(self, rows: list[Row], deliver: Deliver, more: Callable[[], list[Row]] | None) -> None:
