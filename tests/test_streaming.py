@@ -166,6 +166,20 @@ def test_half_models_keep_the_low_rate_stages_float32(small64, half):
     assert StreamEngine(mixed, max_streams=1).pool.bytes_per_stream == StreamEngine(all_half, max_streams=1).pool.bytes_per_stream
 
 
+def test_float16_low_rate_stages_keep_the_bf16_streams_snr(small64):
+    """bf16 conv stack, float16 low-rate stages (``low_rate_dtype="auto"``'s choice on CUDA where
+    the weights leave room): the stream is within 1 dB of float32 low-rate stages' SNR vs the
+    float64 forward (float16 has TF32's 10-bit mantissa), and far above all-bf16's."""
+    _, codes, ref = small64
+    expect = ref[12 * SPF : 72 * SPF]
+    snr = {}
+    for name, low in (("float32", None), ("float16", torch.float16), ("bfloat16", torch.bfloat16)):
+        m = model(SMALL, torch.bfloat16, low_rate_dtype=low)
+        assert m.low_rate_dtype == (low or torch.float32)
+        snr[name] = snr_db(expect, stream_alone(StreamEngine(m, max_streams=1), "s", codes, 12, 60, [1, 25]))
+    assert snr["float16"] >= snr["float32"] - 1.0 and snr["float16"] >= snr["bfloat16"] + 2.0, snr
+
+
 def test_tf32_is_scoped_to_the_low_rate_stages():
     """TF32 is switched on only around a half model's float32 low-rate stages on CUDA, and the
     previous settings come back, even after an error: float32 models rely on TF32 being off."""
