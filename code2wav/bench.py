@@ -379,7 +379,7 @@ def main(args: argparse.Namespace) -> int:
                   group_by_size=args.group_by_size, split_lone_group=args.split_lone_group, pace=args.pace, warm_eager=args.warm_eager,
                   first_chunk_waits=waits, base=base, voices=args.voices)
     meta = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "dtype": args.dtype,
-            "low_rate_dtype": str(model.low_rate_dtype).removeprefix("torch."), "low_rate_peak": model.low_rate_peak, "torch": torch.__version__,
+            "low_rate_dtype": model.precision()["low_rate_dtype"], "low_rate_peak": model.low_rate_peak, "torch": torch.__version__,
             "channels_last": args.channels_last, "max_batch_frames": args.max_batch_frames, "sustained_s": args.seconds,
             "group_by_size": args.group_by_size, "split_lone_group": args.split_lone_group, "pace": args.pace,
             "convt": args.convt, "warm_eager": args.warm_eager,  # None: run()'s default, on for CUDA

@@ -313,7 +313,7 @@ def run_serve(args: argparse.Namespace, engine: AsyncEngine) -> int:
     )
     app = create_app(engine, api_key=args.api_key or None, limits=limits)
     print(f"{PROG}: serving on http://{args.host}:{args.port} ({args.max_streams} streams, {args.dtype} on {parse_device(args.device)}, "
-          f"low-rate stages {str(model.low_rate_dtype).removeprefix('torch.')}"
+          f"low-rate stages {model.precision()['low_rate_dtype']}"
           f"{'' if model.low_rate_peak is None else f' (auto: peak {model.low_rate_peak:.3g} on the probe)'}"
           f"{', auth on' if args.api_key else ''}; {pick_loop(args.loop)} loop, {http_parser()} HTTP parser)", file=sys.stderr, flush=True)
     # The transport drops messages far over the limit itself (close 1009, no JSON error).

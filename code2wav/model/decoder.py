@@ -207,6 +207,16 @@ class Decoder(nn.Module):
     def low_rate_dtype(self) -> torch.dtype:
         return self.pre_conv.conv.weight.dtype
 
+    def precision(self) -> dict[str, object]:
+        """The dtypes it runs, by name (``dtype``: the conv stack's, the audio's), and, where
+        ``low_rate_dtype="auto"`` measured it, the probe's peak: what ``/health`` and the bench
+        report."""
+        names = {"dtype": self.dtype, "low_rate_dtype": self.low_rate_dtype}
+        out: dict[str, object] = {k: str(v).removeprefix("torch.") for k, v in names.items()}
+        if self.low_rate_peak is not None:
+            out["low_rate_peak"] = round(self.low_rate_peak, 3)
+        return out
+
     def low_rate_precision(self) -> contextlib.AbstractContextManager:
         """TF32 (10-bit mantissa inputs, float32 accumulation and range) for the low-rate stages'
         matmuls and convs while they run in float32 under a half-precision conv stack: IEEE

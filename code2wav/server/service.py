@@ -36,12 +36,7 @@ class Service:
         self.codebook_size: int = cfg.codebook_size
         self.samples_per_frame: int = cfg.samples_per_frame
         self.max_streams: int = self._core.max_streams
-        # The dtypes the decoder runs (the conv stack's is the audio's), and, where
-        # low_rate_dtype="auto" measured it, the probe's peak (model/low_rate.py).
-        model = self._core.model
-        self.precision: dict[str, object] = {"dtype": _name(model.dtype), "low_rate_dtype": _name(model.low_rate_dtype)}
-        if model.low_rate_peak is not None:
-            self.precision["low_rate_peak"] = round(model.low_rate_peak, 3)
+        self.precision = self._core.model.precision()  # dtypes by name, auto's probe peak
         self._stop: ServiceError | None = None  # why new work is refused: shutdown (a drain) or engine_failed
         self._closed = False  # the drain is over (or the engine failed): streams may no longer open or push
         self._stopping = asyncio.Event()  # set with _stop
@@ -244,7 +239,3 @@ class Service:
 
 def _nothing() -> None:
     pass
-
-
-def _name(dtype: object) -> str:  # torch.float16 -> "float16"
-    return str(dtype).removeprefix("torch.")
