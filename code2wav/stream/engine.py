@@ -287,10 +287,9 @@ class StreamEngine(Lifecycle):
                     end.record(stream)
                 else:
                     end = time.perf_counter()
-                totals = [None] * len(group) if sums is None else sums.tolist() if not pin else sums  # read once landed
                 complete, left = [], []
-                for j, (r, k) in enumerate(zip(group.rows, group.pieces)):
-                    r.pieces.append((outs[r.stream.pcm16][j], k * spf, totals[j]))
+                for j, (r, k) in enumerate(zip(group.rows, group.pieces)):  # a sum is read once its step has landed
+                    r.pieces.append((outs[r.stream.pcm16][j], k * spf, None if sums is None else sums[j]))
                     r.done += k
                     (complete if r.done == r.frames.shape[0] else left).append(r)
                 sched.requeue(left)
