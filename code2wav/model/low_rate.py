@@ -82,11 +82,11 @@ def low_rate_peak(model: Decoder, codes: Tensor | None = None) -> float:
                       m.register_forward_hook(lambda *_: setattr(probe, "paused", False))]
     try:
         with instant.forms(), probe:
-            out = model.upsampled(model.front(codes.to(device)))
+            model.upsampled(model.front(codes.to(device)))  # its output is a torch function's: read
     finally:
         for h in hooks:
             h.remove()
-    return max(float(probe.peak), float(out.abs().amax()))  # the last kernel's output, read by nothing inside
+    return float(probe.peak)
 
 
 def float16_fits(peak: float) -> bool:
