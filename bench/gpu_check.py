@@ -128,7 +128,7 @@ def main() -> int:
     probe_s = time.perf_counter() - t0
     snr_auto = snr_db(ref, graph_stream(m_auto, codes).float())
     check("low-rate dtype auto: float16 on these weights, bf16 stream SNR >= 30 dB", chosen == torch.float16 and snr_auto >= 30.0,
-          f"{str(chosen).removeprefix('torch.')}, probe peak {m_auto.low_rate_peak:.3g} in {probe_s * 1e3:.0f} ms (first run: "
+          f"{m_auto.precision()['low_rate_dtype']}, probe peak {m_auto.low_rate_peak:.3g} in {probe_s * 1e3:.0f} ms (first run: "
           f"kernels compiled); {snr_auto:.1f} dB")
     del m_auto
     # 3b. Every residual unit as one kernel (LayerChoices.unit_conv_rows=1: at every step size
