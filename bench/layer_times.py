@@ -23,6 +23,7 @@ from code2wav.model.decoder import Decoder
 from code2wav.model.init import random_decoder
 from code2wav.model.layers import CausalConv1d, CausalConvTranspose1d, ConvNeXtBlock, ResidualUnit
 from code2wav.model.loading import configure_cuda
+from code2wav.model.low_rate import auto_low_rate
 from code2wav.model.transformer import Transformer
 from code2wav.stream.pool import StatePool
 from code2wav.stream.runner import EagerRunner
@@ -119,12 +120,13 @@ def main() -> int:
     if len(sys.argv) > 3:
         torch.backends.cudnn.benchmark_limit = int(sys.argv[3])
     m = random_decoder(DecoderConfig()).to_dtypes(dtype, DEVICE).channels_last()
+    auto_low_rate(m)  # the low-rate stages as a default load runs them
     pool = StatePool(m, 64)
     eager = EagerRunner(m, pool)
     layers = timed_layers(m)
     names = list(layers)
     g = torch.Generator().manual_seed(0)
-    print(f"{dtype}, cuDNN benchmark_limit {torch.backends.cudnn.benchmark_limit}; eager steps, us per layer")
+    print(f"{dtype}, low-rate stages {m.low_rate_dtype}, cuDNN benchmark_limit {torch.backends.cudnn.benchmark_limit}; eager steps, us per layer")
     for b, t in shapes:
         codes = torch.randint(0, 2048, (b, 16, t), generator=g)
         slots, n_new = torch.arange(b), torch.full((b,), t)

@@ -16,6 +16,7 @@ from code2wav.model.choices import DEFAULT_CHOICES, LayerChoices
 from code2wav.model.config import DecoderConfig
 from code2wav.model.init import random_decoder
 from code2wav.model.loading import configure_cuda
+from code2wav.model.low_rate import auto_low_rate
 from code2wav.stream.pool import StatePool
 from code2wav.stream.runner import EagerRunner
 
@@ -77,13 +78,15 @@ def main() -> int:
         layout = layout.removesuffix("-unfused")
         m = random_decoder(DecoderConfig())
         m = m.to_dtypes(dtype, "cuda").set_layer_choices(choices)
+        auto_low_rate(m)  # the low-rate stages as a default load runs them
         if layout == "channels_last":
             m.channels_last()
         pool = StatePool(m, 64)
         eager = EagerRunner(m, pool)
         runner = GraphRunner(m, pool, batch_sizes=(1, 5, 10, 16, 64), frame_sizes=(1, 8, 25), max_batch_frames=512)
         runner.capture()
-        print(f"{name}: conv weights {layout}, fold {choices.conv_fold}, GEMM convs up to {choices.conv_gemm_rows} samples; "
+        print(f"{name}: low-rate stages {m.low_rate_dtype}, conv weights {layout}, fold {choices.conv_fold}, "
+              f"GEMM convs up to {choices.conv_gemm_rows} samples; "
               f"graph pool {runner.memory_bytes() / 2**20:.0f} MiB at 512 frames")
         print(f"{'B':>4}{'T':>4}{'eager ms':>10}{'graph ms':>10}{'frames/s graph':>16}{'x RT':>8}")
         for b, t in shapes:
