@@ -131,6 +131,16 @@ def main() -> int:
           f"{m_auto.precision()['low_rate_dtype']}, probe peak {m_auto.low_rate_peak:.3g} in {probe_s * 1e3:.0f} ms (first run: "
           f"kernels compiled); {snr_auto:.1f} dB")
     del m_auto
+    # 3a''. The few-row half products (float16 low-rate stages, the bf16 conv stack's few-row
+    # convs) through kernels/skinny.py or cuBLAS: whichever LayerChoices.skinny_half the default
+    # does not pick, with auto's low-rate stages, within the same bound.
+    flipped = replace(m32.layer_choices, skinny_half=not m32.layer_choices.skinny_half)
+    m_flip = load(weights, torch.bfloat16, "cuda", layers=flipped)
+    auto_low_rate(m_flip)
+    snr_flip = snr_db(ref, graph_stream(m_flip, codes).float())
+    check(f"skinny_half={flipped.skinny_half}, low-rate auto: bf16 stream SNR >= 30 dB", snr_flip >= 30.0,
+          f"{snr_flip:.1f} dB (default layers {snr_auto:.1f} dB)")
+    del m_flip
     # 3b. Every residual unit as one kernel (LayerChoices.unit_conv_rows=1: at every step size
     # its tiles cover): the bf16 stream within the same bound.
     one_kernel = replace(m32.layer_choices, unit_conv_rows=1)

@@ -411,14 +411,16 @@ def test_streaming_steps_through_the_kernels_equal_eager(monkeypatch, layout):
         return outs, engine.pool.buffers
 
     m = model(SMALL, torch.float32)
-    products = []  # few-row float32 products that went through the skinny kernel
+    products = []  # few-row float32 products that went through the skinny kernel: (ran, gated)
     real_matmul = skinny.matmul_t
-    monkeypatch.setattr(skinny, "matmul_t", lambda x, w, *a, **k: (products.append(skinny.applies(x, w)), real_matmul(x, w, *a, **k))[1])
+    monkeypatch.setattr(skinny, "matmul_t", lambda x, w, *a, **k: (products.append((skinny.applies(x, w), k.get("gated", False))),
+                                                                    real_matmul(x, w, *a, **k))[1])
     fused_model = m if layout == "contiguous" else _channels_last_copy(m)
     if one_kernel:
         fused_model.set_layer_choices(replace(fused_model.layer_choices, convt_kernel_rows=1))
     fused, fused_pool = run(fused_model)
-    assert any(products)  # the 1-frame step's transformer and upsampler products
+    assert any(ran for ran, _ in products)  # the 1-frame step's transformer and upsampler products
+    assert any(gated for _, gated in products)  # its MLPs' silu * up inside the down projection
     assert sorted(set(units)) == ([16, 32] if one_kernel else [])
     assert sorted(set(pairs)) == ([8, 16, 32, 64] if one_kernel else [])
     monkeypatch.setattr(snake, "fused", lambda x: False)
@@ -664,6 +666,46 @@ def test_skinny_products_match_float64(monkeypatch, rows, k, n):
     before = out.clone()
     skinny.matmul_t(x, taps[:, n:].t(), out=out[1:], accumulate=True)
     assert close(out[1:], (before[1:].double() + x.double() @ taps[:, n:].double()).float()) and torch.equal(out[0], before[0])
+
+
+@pytest.mark.parametrize("rows", [1, 3, 6])
+def test_skinny_gated_product_is_silu_mul_then_the_product(monkeypatch, rows):
+    """``skinny.linear(gu, w, gated=True)``: the MLP's down projection of ``silu(gate) * up``
+    for ``gu`` = [gate, up], the gate applied while the kernel loads its input (a few rows),
+    or by ``silu_mul`` before cuBLAS (more rows); equal to the float64 formula either way. A
+    gated product never silently skips the gate: ``matmul_t`` refuses one it cannot run."""
+    monkeypatch.setattr(skinny, "PROGRAMS", 4)
+    monkeypatch.setattr(skinny, "TILE", 64)
+    g = torch.Generator().manual_seed(rows)
+    k, n = 96, 40
+    gu, w = torch.randn(1, rows, 2 * k, generator=g) * 2, torch.randn(n, k, generator=g)
+    gate, up = gu.double().chunk(2, dim=-1)
+    want = (F.silu(gate) * up) @ w.double().T
+    assert close(skinny.linear(gu, w, gated=True), want.float())
+    assert close(skinny.linear(gu, w, gated=True, enabled=False), want.float())  # silu_mul, then cuBLAS
+    with pytest.raises(ValueError, match="gated"):
+        skinny.matmul_t(gu[0], w, gated=True, enabled=False)
+
+
+def test_skinny_takes_half_products_where_the_model_says(monkeypatch):
+    """float16 inputs and weights go through the kernel as they are (float32 products, one
+    rounding of the output to float16), mixed dtypes never; the model's ``LayerChoices`` say
+    per dtype whether it may (``skinny_half``, off unless set; float32 follows ``skinny``)."""
+    from code2wav.model.choices import LayerChoices
+
+    monkeypatch.setattr(skinny, "PROGRAMS", 4)
+    monkeypatch.setattr(skinny, "TILE", 64)
+    g = torch.Generator().manual_seed(7)
+    x, w, b = torch.randn(2, 200, generator=g), torch.randn(70, 200, generator=g) / 14, torch.randn(70, generator=g)
+    xh, wh, bh = x.half(), w.half(), b.half()
+    assert skinny.applies(xh, wh) and not skinny.applies(xh, w) and not skinny.applies(x, wh)
+    y = skinny.matmul_t(xh, wh, bh)
+    want = xh.double() @ wh.double().T + bh.double()
+    assert y.dtype == torch.float16 and close(y, want.half(), 1e-3)  # float16's own rounding of the result
+    assert LayerChoices().skinny_for(torch.float32) and not LayerChoices().skinny_for(torch.float16)
+    assert LayerChoices(skinny_half=True).skinny_for(torch.bfloat16)
+    assert not LayerChoices(skinny=False, skinny_half=True).skinny_for(torch.float16)
+    assert not LayerChoices(skinny=False).skinny_for(torch.float32)
 
 
 def test_skinny_applies_to_few_rows_of_big_float32_weights(monkeypatch):

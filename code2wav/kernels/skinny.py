@@ -1,4 +1,4 @@
-"""Float32 matrix products with a handful of rows (Triton on CUDA): ``y = x @ W^T + bias``.
+"""Matrix products with a handful of rows (Triton on CUDA): ``y = x @ W^T + bias``.
 
 In a 1-frame step the low-rate stages (transformer, upsamplers; float32) multiply one to four
 rows by ~200 MB of float32 weights in ~40 products. Those are weight reads, bound by memory
@@ -7,7 +7,13 @@ each program reduces a few output columns over the whole K for every row (the ro
 weight tile loaded), with enough programs to keep the SMs' loads in flight. Products are plain
 float32 FMAs (no TF32 rounding of the inputs): at least as exact as the GEMMs they replace.
 It wins at one row and loses at a few rows of the widest products (``bench/skinny.py``; figures in
-BENCHMARKS.md). ``LayerChoices.skinny`` (``enabled`` here) turns it off per model."""
+BENCHMARKS.md). ``LayerChoices.skinny`` (``enabled`` here) turns it off per model.
+
+Half weights (float16 low-rate stages, a bf16 conv stack's few-row convs) go through the same
+kernel where ``LayerChoices.skinny_half`` says so: loaded as they are, multiplied in float32,
+rounded once to the output. ``gated`` takes the transformer MLP's ``[gate, up]`` product as its
+input and applies ``silu(gate) * up`` (rounded to the input dtype, as ``silu_mul`` would) while
+loading it: the down projection of a one-frame step without a kernel of its own before it."""
 
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ from torch import Tensor
 
 from code2wav.kernels import snake
 from code2wav.kernels.snake import triton
+from code2wav.kernels.transformer import silu_mul
 
 MAX_ROWS = 4  # more rows than this: cuBLAS (the weight tile is then worth a tensor-core GEMM)
 MIN_WEIGHT = 1 << 18  # smaller weights (elements) stay with cuBLAS: launch-bound either way
@@ -28,7 +35,7 @@ if triton is not None:
     @triton.jit
     def _skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, sxm, sxk, swn, swk, sym, syn,
                        K: tl.constexpr, M: tl.constexpr, ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                       GATED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         nm = n < N
         r = tl.arange(0, ROWS)[:, None]  # ROWS: M rounded up to a power of two
@@ -39,6 +46,9 @@ if triton is not None:
             w = tl.load(w_ptr + n[:, None] * swn + k[None, :] * swk, mask=nm[:, None] & km[None, :], other=0.0).to(tl.float32)
             for m in tl.static_range(M):  # M <= MAX_ROWS, unrolled: every row uses the tile loaded once
                 x = tl.load(x_ptr + m * sxm + k * sxk, mask=km, other=0.0).to(tl.float32)
+                if GATED:  # x's row is [gate, up]: silu(gate) * up, rounded as silu_mul's output is
+                    up = tl.load(x_ptr + m * sxm + (K + k) * sxk, mask=km, other=0.0).to(tl.float32)
+                    x = (x / (1.0 + tl.exp(-x)) * up).to(x_ptr.dtype.element_ty).to(tl.float32)
                 acc += tl.where(r == m, tl.sum(w * x[None, :], axis=1)[None, :], 0.0)
         if HAS_BIAS:
             acc += tl.load(b_ptr + n, mask=nm, other=0.0).to(tl.float32)[None, :]
@@ -49,10 +59,14 @@ if triton is not None:
         tl.store(out, acc, mask=om)
 
 
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
 def applies(x: Tensor, w: Tensor, enabled: bool = True) -> bool:
-    """Float32 where the Triton kernels run (``snake.fused``: CUDA), at most ``MAX_ROWS`` rows,
-    a weight worth it; never unless ``enabled``."""
-    return (enabled and snake.fused(x) and x.dtype == w.dtype == torch.float32
+    """Float32 or half (``x`` and ``w`` alike) where the Triton kernels run (``snake.fused``:
+    CUDA), at most ``MAX_ROWS`` rows, a weight worth it; never unless ``enabled`` (the model's
+    ``LayerChoices.skinny_for(dtype)``)."""
+    return (enabled and snake.fused(x) and x.dtype == w.dtype and x.dtype in DTYPES
             and x.dim() == 2 and x.shape[0] <= MAX_ROWS and w.numel() >= MIN_WEIGHT)
 
 
@@ -67,11 +81,17 @@ def tiles(n: int, k: int) -> tuple[int, int]:
 
 
 def matmul_t(x: Tensor, w: Tensor, bias: Tensor | None = None, out: Tensor | None = None, accumulate: bool = False,
-             enabled: bool = True) -> Tensor:
+             enabled: bool = True, gated: bool = False) -> Tensor:
     """``x @ w.T (+ bias)`` for ``x`` [M, K] and ``w`` [N, K] (any strides), into ``out`` [M, N]
-    if given (``accumulate``: ``out += ...``). Through the kernel where ``applies(x, w, enabled)``,
-    else ``torch.addmm`` / ``matmul``."""
+    (``x``'s dtype) if given (``accumulate``: ``out += ...``). Through the kernel where
+    ``applies(x, w, enabled)``, else ``torch.addmm`` / ``matmul``. ``gated``: ``x`` is
+    ``[M, 2K]`` = ``[gate, up]`` and the product is ``silu_mul(x) @ w.T``, through the kernel
+    only (the caller checks ``applies`` on ``x[:, :K]``)."""
+    if gated:
+        x = x[:, : x.shape[1] // 2]  # the gate half: the kernel reads the up half K columns on
     if not applies(x, w, enabled):
+        if gated:
+            raise ValueError("a gated product runs through the kernel only: check applies() first")
         if out is None:
             return x @ w.t() if bias is None else torch.addmm(bias, x, w.t())
         if accumulate:
@@ -80,21 +100,21 @@ def matmul_t(x: Tensor, w: Tensor, bias: Tensor | None = None, out: Tensor | Non
     M, K = x.shape
     N = w.shape[0]
     if out is None:
-        out = torch.empty(M, N, device=x.device, dtype=torch.float32)
+        out = torch.empty(M, N, device=x.device, dtype=x.dtype)
     bn, bk = tiles(N, K)
     _skinny_kernel[(triton.cdiv(N, bn),)](
         x, w, bias if bias is not None else w, out, N, *x.stride(), *w.stride(), *out.stride(),
-        K=K, M=M, ROWS=max(2, triton.next_power_of_2(M)), HAS_BIAS=bias is not None, ACCUMULATE=accumulate, BLOCK_N=bn, BLOCK_K=bk, num_warps=4,
+        K=K, M=M, ROWS=max(2, triton.next_power_of_2(M)), HAS_BIAS=bias is not None, ACCUMULATE=accumulate, GATED=gated, BLOCK_N=bn, BLOCK_K=bk, num_warps=4,
     )
     return out
 
 
-def linear(x: Tensor, w: Tensor, bias: Tensor | None = None, enabled: bool = True) -> Tensor:
+def linear(x: Tensor, w: Tensor, bias: Tensor | None = None, enabled: bool = True, gated: bool = False) -> Tensor:
     """``F.linear`` over the last dim of ``x`` [..., K], through :func:`matmul_t` when the
-    leading dims hold at most ``MAX_ROWS`` rows."""
-    if x.numel() > MAX_ROWS * x.shape[-1]:  # a large step: no reshape or checks on its way to cuBLAS
-        return torch.nn.functional.linear(x, w, bias)
-    rows = x.reshape(-1, x.shape[-1])  # a view for the rows these layers see
-    if not applies(rows, w, enabled):
-        return torch.nn.functional.linear(x, w, bias)
-    return matmul_t(rows, w, bias, enabled=enabled).view(*x.shape[:-1], w.shape[0])
+    leading dims hold at most ``MAX_ROWS`` rows. ``gated``: ``x`` is [..., 2K] = [gate, up] and
+    the input is ``silu_mul(x)``, applied inside the kernel where it runs."""
+    if x.numel() <= MAX_ROWS * x.shape[-1]:  # else a large step: no reshape or checks on its way to cuBLAS
+        rows = x.reshape(-1, x.shape[-1])  # a view for the rows these layers see
+        if applies(rows[:, : w.shape[1]] if gated else rows, w, enabled):
+            return matmul_t(rows, w, bias, enabled=enabled, gated=gated).view(*x.shape[:-1], w.shape[0])
+    return torch.nn.functional.linear(silu_mul(x) if gated else x, w, bias)

@@ -47,6 +47,14 @@ class LayerChoices:
     # Few-row float32 products (the low-rate stages of small steps) through the Triton
     # GEMV-style kernel (kernels/skinny.py) instead of cuBLAS.
     skinny: bool = True
+    # The same for float16/bfloat16 products (float16 low-rate stages, a bf16 conv stack's
+    # few-row convs and ConvTransposes; with it the one-frame MLP's silu * up rides in the down
+    # projection's loads), where ``skinny`` is on too.
+    skinny_half: bool = False
+
+    def skinny_for(self, dtype: object) -> bool:
+        """Whether few-row products in ``dtype`` (a torch dtype) may take the skinny kernel."""
+        return self.skinny and (self.skinny_half or str(dtype) == "torch.float32")
 
     def __post_init__(self) -> None:
         if self.conv_fold not in FOLDS:

@@ -107,7 +107,7 @@ class CausalConv1d(StreamingLayer):
         k, d, c_out = self.conv.kernel_size[0], self.conv.dilation[0], self.conv.out_channels
         cols = xx.as_strided((B, L, k, C), (xx.stride(0), C, d * C, 1)).reshape(B * L, k * C)
         w = self.conv.weight.permute(0, 2, 1).reshape(c_out, k * C)
-        return skinny.matmul_t(cols, w, bias, enabled=self.choices.skinny).view(B, L, c_out).transpose(1, 2)
+        return skinny.matmul_t(cols, w, bias, enabled=self.choices.skinny_for(cols.dtype)).view(B, L, c_out).transpose(1, 2)
 
 
 class CausalConvTranspose1d(StreamingLayer):
@@ -169,13 +169,13 @@ class CausalConvTranspose1d(StreamingLayer):
         rows = rows.reshape(B * T, C)
         w = self.conv.weight.permute(0, 2, 1).reshape(C, -1)  # [c_in, k * c_out]: a view when channels-last
         if not self.history:  # k == s: each input sample makes one output block alone
-            y = skinny.matmul_t(rows, w.t(), self.bias_rows, enabled=self.choices.skinny)
+            y = skinny.matmul_t(rows, w.t(), self.bias_rows, enabled=self.choices.skinny_for(rows.dtype))
             return y.view(B, T * s, c_out).transpose(1, 2)
         if convt.applies(rows, self.choices.convt_kernel_rows):  # both products in one pass
             y = convt.convt_pairs(rows, w, self.bias_rows)
         else:
             y = torch.empty(B * T, s * c_out, device=xx.device, dtype=xx.dtype)
-            on = self.choices.skinny
+            on = self.choices.skinny_for(rows.dtype)
             skinny.matmul_t(rows[:-1], w[:, s * c_out :].t(), self.bias_rows, out=y[1:], enabled=on)  # previous sample, last s taps
             skinny.matmul_t(rows[1:], w[:, : s * c_out].t(), out=y[1:], accumulate=True, enabled=on)  # this sample, first s taps
         # Row 0 of each batch row is the history's block (row 0 overall was never written).
@@ -212,7 +212,7 @@ class ConvNeXtBlock(nn.Module):
         h = self.dwconv(x, step).transpose(1, 2)
         # layer_norm accumulates half/bf16 inputs in fp32 internally (and fp64 in fp64).
         h = F.layer_norm(h, (h.shape[-1],), self.norm.weight, self.norm.bias, self.norm.eps)
-        on = self.choices.skinny
+        on = self.choices.skinny_for(h.dtype)
         h = skinny.linear(F.gelu(skinny.linear(h, self.pwconv1.weight, self.pwconv1.bias, enabled=on)), self.pwconv2.weight,
                           self.pwconv2.bias, enabled=on)
         return x + (self.gamma * h).transpose(1, 2)

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from code2wav.kernels import skinny, snake
 from code2wav.kernels.history import window
-from code2wav.kernels.transformer import add_rms_norm, rms_norm, rms_norm_eager, rope_kv_cat, rotate_eager, silu_mul
+from code2wav.kernels.transformer import add_rms_norm, rms_norm, rms_norm_eager, rope_kv_cat, rotate_eager
 from code2wav.model.choices import DEFAULT_CHOICES, LayerChoices
 from code2wav.model.config import DecoderConfig
 from code2wav.model.streaming import Step, StreamingLayer
@@ -127,7 +127,7 @@ class Attention(StreamingLayer):
 
     def forward_fused(self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, step: Step | None, skinny_on: bool = True) -> Tensor:
         """:meth:`forward` after :meth:`fuse`: one GEMM, then RoPE, the history concat and the
-        history write in one kernel (``skinny_on``: ``LayerChoices.skinny``)."""
+        history write in one kernel (``skinny_on``: ``LayerChoices.skinny_for``)."""
         B, T, _ = x.shape
         qkv = skinny.linear(x, self.qkv_weight, enabled=skinny_on)
         if step is None:
@@ -158,7 +158,8 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
     def forward_fused(self, x: Tensor, skinny_on: bool = True) -> Tensor:
-        return skinny.linear(silu_mul(skinny.linear(x, self.gate_up_weight, enabled=skinny_on)), self.down_proj.weight, enabled=skinny_on)
+        gu = skinny.linear(x, self.gate_up_weight, enabled=skinny_on)
+        return skinny.linear(gu, self.down_proj.weight, enabled=skinny_on, gated=True)  # silu_mul(gu) as its input
 
 
 class TransformerLayer(nn.Module):
@@ -227,7 +228,7 @@ class Transformer(nn.Module):
     def _forward_fused(self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, step: Step | None) -> Tensor:
         """The layers' math regrouped so each residual add + layer scale shares a kernel with the
         RMSNorm that follows it (the next layer's input norm, or the final norm)."""
-        on = self.choices.skinny
+        on = self.choices.skinny_for(x.dtype)
         h = skinny.linear(x, self.input_proj.weight, self.input_proj.bias, enabled=on)
         bias = _additive_mask(mask, self.layers[0].self_attn.attention_dtype or h.dtype)
         layers = list(self.layers)

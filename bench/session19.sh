@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Session 19 (repo root on the device).
+#   bash bench/session19.sh a   half products through kernels/skinny.py (LayerChoices.skinny_half):
+#                               each product shape in float32 / float16 / bfloat16 against cuBLAS and
+#                               the gated down projection; graph replay per step shape both ways; the
+#                               quick GPU checks (the other setting's SNR among them); sustained 1 / 64 /
+#                               256 both ways, one start
+source bench/device_env.sh
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
+left() { echo $(($1 - (SECONDS - T0))); }  # seconds left of a $1-second call
+case "${1:-}" in
+a)
+  for dtype in float32 float16 bfloat16; do
+    stamp "few-row products, $dtype: cuBLAS vs kernels/skinny.py"
+    timeout 120 python3 bench/skinny.py $dtype 2>&1 | grep -v "^TILE" | tee -a "$OUT/skinny.txt" | tee -a "$log"
+  done
+  stamp "graph replay per step shape: the default vs skinny_half"
+  timeout 150 python3 bench/profile_step.py bfloat16 channels_last,channels_last-skinnyhalf=1 2>&1 | tee "$OUT/profile.txt" | grep -B1 -A9 "eager ms" | tee -a "$log"
+  stamp "GPU checks (quick)"
+  timeout 150 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt" | grep -E "^(PASS|FAIL|SUMMARY)" | tee -a "$log"
+  for run in default: skinnyhalf:"--set layers.skinny_half=true"; do
+    stamp "sustained 1 / 64 / 256: ${run%%:*}"
+    timeout "$(left 590)" python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 1,64,256 --seconds 3 ${run#*:} --out "$OUT/${run%%:*}" 2>&1 \
+      | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/${run%%:*}.txt" | grep -A4 "^mode" | tee -a "$log"
+    rm -f "$OUT/${run%%:*}/plot.png"
+  done
+  ;;
+*) echo "usage: bash bench/session19.sh a" >&2; exit 2 ;;
+esac
+stamp "done"
