@@ -5,12 +5,15 @@ the worker, and the future resolved on the event loop. Prints the medians of eac
 step's GPU time, and the engine's parts before the runner (admission, grouping, staging).
 Without CUDA it times the host's legs alone (a runner that decodes nothing).
 argv: [pushes, default 300] [dtype, default bfloat16] ["profile" [SORT]: cProfile the
-worker's steps and print their costliest calls, by pstats' SORT key, default tottime]."""
+worker's steps and print their costliest calls, by pstats' SORT key, default tottime].
+FIRST_PACKET_PAUSE_MS (default 2): the pause between one stream's finish and the next one's
+open; 0 is the sustained bench's one stream (the next opens as the last one finishes)."""
 
 from __future__ import annotations
 
 import asyncio
 import cProfile
+import os
 import pstats
 import statistics
 import sys
@@ -95,6 +98,7 @@ def main() -> int:
 
     core.decode = decode
     legs = []
+    pause = float(os.environ.get("FIRST_PACKET_PAUSE_MS", "2")) / 1e3
 
     async def run() -> None:
         async with AsyncEngine(core) as eng:
@@ -112,13 +116,14 @@ def main() -> int:
                              marks["handed over"] - marks["runner done"], resolved[0] - marks["handed over"], resolved[0] - t0, gpu,
                              *(before_runner.get(p, 0.0) for p in parts), spent.get("replay + count", 0.0)))
                 await eng.finish(rid)
-                await asyncio.sleep(0.002)
+                if pause:
+                    await asyncio.sleep(pause)
 
     asyncio.run(run())
     names = ("submit -> step", "step -> runner", "runner (replay launched)", "-> handed over (GPU, D2H)", "-> resolved on the loop",
              "first packet", "GPU step (events)", *(f"step -> runner: {p}" for p in parts), "runner: replay + count")
     warm = legs[len(legs) // 10:]
-    print(f"{dtype}, low-rate stages {model.low_rate_dtype}; medians over {len(warm)} first packets, us")
+    print(f"{dtype}, low-rate stages {model.low_rate_dtype}; pause {pause * 1e3:g} ms; medians over {len(warm)} first packets, us")
     for name, col in zip(names, zip(*warm)):
         print(f"{name:>28} {statistics.median(col) * 1e6:8.1f}")
     if profiler is not None:
