@@ -38,13 +38,13 @@ def main() -> int:
         use_expandable_segments()
         configure_cuda(dtype)
         model = load_decoder(None, device="cuda", dtype=dtype)
-        runner = GraphRunner(model, StatePool(model, 4), batch_sizes=(1,), frame_sizes=(1, 25), max_batch_frames=256)
+        runner = GraphRunner(model, StatePool(model, 64), batch_sizes=(1,), frame_sizes=(1, 25), max_batch_frames=256)
         runner.capture()
     else:  # no GPU: the host's legs alone, through a runner that decodes nothing (host_overhead.py)
         from host_overhead import NoDecode  # bench/ is the script's directory, first on sys.path
 
         model = Decoder(DecoderConfig()).to(dtype)
-        runner = NoDecode(model, StatePool(model, 4))
+        runner = NoDecode(model, StatePool(model, 64))
         runner._replay = lambda: None  # the leg the GPU runner stamps
     marks: dict[str, float] = {}
     spent: dict[str, float] = {}  # inside the step: seconds per part, summed over its calls in one push
