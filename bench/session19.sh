@@ -5,10 +5,10 @@
 #                               the gated down projection; graph replay per step shape both ways; the
 #                               quick GPU checks (the other setting's SNR among them); sustained 1 / 64 /
 #                               256 both ways, one start
-#   bash bench/session19.sh b   freed slots zeroed in batches, zeroed slots handed out first: the
-#                               first packet at one stream with the zeroing at every stream's end vs
-#                               in batches, alternating on one engine; a lone stream's first packet
-#                               leg by leg, after a pause and back to back; sustained 1 / 64 / 256
+#   bash bench/session19.sh b   a lone stream's first packet leg by leg, after a pause and back to
+#                               back; sustained 1 / 64 / 256 (at 54aa27d this call also ran
+#                               bench/zeroing_ab.py, the A/B of freed slots zeroed in batches, since
+#                               reverted: BENCHMARKS.md)
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 left() { echo $(($1 - (SECONDS - T0))); }  # seconds left of a $1-second call
@@ -30,8 +30,6 @@ a)
   done
   ;;
 b)
-  stamp "the first packet at one stream: zeroing at every end vs in batches"
-  timeout 300 python3 bench/zeroing_ab.py 4 3 2>&1 | grep -v "RANDOM weights" | tee "$OUT/zeroing_ab.txt" | tee -a "$log"
   for pause in 2 0; do
     stamp "a lone stream's first packet, leg by leg, pause $pause ms"
     FIRST_PACKET_PAUSE_MS=$pause timeout 90 python3 bench/first_packet.py 300 2>&1 | tee "$OUT/first_packet_pause$pause.txt" | tail -n 13 | tee -a "$log"

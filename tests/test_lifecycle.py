@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 import pytest
 import torch
@@ -11,7 +9,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from code2wav.codes import CodesError
-from code2wav.engine.async_engine import AsyncEngine
 from code2wav.stream.engine import StreamEngine
 from code2wav.stream.pool import PoolFull
 from code2wav.stream.rows import StreamError
@@ -206,64 +203,3 @@ def test_property_any_schedule_any_prefix_is_exact(m, codes, prefix, schedule, t
     got = torch.cat(out)
     assert got.shape == ref.shape
     assert (got - ref).abs().max() <= 1e-9
-
-
-def _slot_is_zero(e: StreamEngine, slot: int) -> bool:
-    return all(not b[slot].any() for b in e.pool.buffers.values()) and int(e.pool.position[slot]) == 0
-
-
-def test_a_new_stream_gets_a_zeroed_slot_and_freed_ones_are_zeroed_in_batches(m, codes):
-    """The pool hands out zeroed slots first: a stream opened right after another ended does not
-    get that stream's slot (whose zeroing would sit on its first packet). Freed slots are zeroed
-    once ``reset_batch`` of them wait, in one pass."""
-    e = StreamEngine(m, max_streams=16)
-    assert e.pool.reset_batch == 2
-    e.open("a")
-    e.push("a", codes[:3])
-    a_slot = e._streams["a"].slot
-    e.finish("a")
-    assert not e.pool.reset_due and not _slot_is_zero(e, a_slot)  # one stale slot: not worth a pass yet
-    e.open("b")
-    assert e._streams["b"].slot != a_slot and not e.pool.must_reset
-    assert (e.push("b", codes[:4]) - forward_audio(m, codes[:4])).abs().max() <= 1e-9
-    b_slot = e._streams["b"].slot
-    e.finish("b")
-    assert e.pool.reset_due and e.pool.in_use == 0
-    e.zero_released()
-    assert _slot_is_zero(e, a_slot) and _slot_is_zero(e, b_slot) and not e.pool.has_stale
-
-
-def test_a_slot_handed_out_again_before_its_zeroing_is_zeroed_before_its_first_step(m, codes):
-    """With no zeroed slot left, a new stream takes a freed one whose zeroing is owed; the step
-    that runs its first chunk zeroes it first, so it starts cold all the same."""
-    e = StreamEngine(m, max_streams=1)
-    e.open("a")
-    e.push("a", codes[:5])
-    e.finish("a")
-    e.open("b")
-    assert e.pool.must_reset
-    assert (e.push("b", codes[:2]) - forward_audio(m, codes[:2])).abs().max() <= 1e-9
-    assert not e.pool.must_reset
-    e.finish("b")
-    e.open("c")  # b's slot again; c ends before any step: the slot is stale once more, not lost
-    e.abort("c")
-    assert e.pool.in_use == 0 and e.pool.reset_due
-    e.open("d")
-    assert (e.push("d", codes[:3]) - forward_audio(m, codes[:3])).abs().max() <= 1e-9
-
-
-def test_the_async_engine_wakes_its_worker_to_zero_a_batch_not_every_freed_slot(m, codes):
-    """Ending a stream while zeroed slots remain queues no zeroing (the worker stays free for
-    the next stream's first chunk); a batch of freed slots does."""
-    async def main():
-        core = StreamEngine(m, max_streams=16)
-        async with AsyncEngine(core) as eng:
-            queued = []
-            for i in range(2):
-                await eng.open(f"s{i}")
-                await eng.push(f"s{i}", codes[:2])
-                await eng.finish(f"s{i}")
-                queued.append(eng._zeroing_queued or not core.pool.has_stale)  # queued, or done already
-            return queued
-
-    assert asyncio.run(main()) == [False, True]

@@ -220,11 +220,9 @@ class AsyncEngine:
         return list(self._pending)
 
     def _zero_released_later(self) -> None:
-        """Zero freed slots on the worker, off the next stream's first packet, once they make a
-        batch (``Lifecycle.zeroing_due``; not at every end of a stream, when the worker would zero
-        one slot while the next stream's first chunk waits for it): one request at a time (a
-        continuous decode may run for as long as the load lasts; it zeroes what is owed too)."""
-        if not self._zeroing_queued and self.engine.zeroing_due:
+        """Zero freed slots on the worker, off the next stream's first packet: one request at a
+        time (a continuous decode may run for as long as the load lasts; it zeroes them too)."""
+        if not self._zeroing_queued:
             self._zeroing_queued = True
             self._wake.set()
 

@@ -104,16 +104,11 @@ class StreamEngine(Lifecycle):
         return self.pool.in_use
 
     def zero_released(self) -> None:
-        """Zero the state of slots given back, when a pass is worth it (``StatePool.reset_due``;
-        a step zeroes an owed one anyway before its first forward). Run it on the stepping
-        thread when idle, off the next first packet."""
-        if self.pool.reset_due:  # read without the lock: set only under it
+        """Zero the state of slots given back since the last step (a step does it anyway before
+        its first forward; run it on the stepping thread when idle, off the next first packet)."""
+        if self.pool.has_stale:  # read without the lock: set only under it
             with self._lock:
                 self.pool.reset_stale()
-
-    @property
-    def zeroing_due(self) -> bool:
-        return self.pool.reset_due
 
     def state_bytes(self) -> dict[str, int]:
         return {"per_stream": self.pool.bytes_per_stream, "pool": self.pool.nbytes}
@@ -179,7 +174,7 @@ class StreamEngine(Lifecycle):
 
     def _admit(self, chunks: Mapping[str, object], refuse: Callable[[str, Exception], None]) -> list[Row]:
         """Validate chunks into rows (a stream's first row is marked ``first``); zero the slots
-        handed out again before they were zeroed; prefill the streams that still wait for their
+        given back since the last admission; prefill the streams that still wait for their
         reference prefix (one batch). A rejected row goes to ``refuse`` alone."""
         rows: list[Row] = []
         if not chunks:  # the continuous decode asks before every step; usually nothing came
@@ -193,8 +188,7 @@ class StreamEngine(Lifecycle):
                     st.started = True
                 except (StreamError, CodesError) as e:
                     refuse(rid, e)
-            if self.pool.must_reset:  # a stream on a slot not zeroed since its last owner
-                self.pool.reset_stale()
+            self.zero_released()
         waiting = list({id(r.stream): r.stream for r in rows if r.stream.prefix is not None}.values())
         if waiting:
             try:

@@ -61,12 +61,6 @@ class Lifecycle:
         """Zero the state of slots given back since the last step (where there is state)."""
 
     @property
-    def zeroing_due(self) -> bool:
-        """Whether ``zero_released`` has work worth a pass now (the async engine asks before it
-        wakes its worker for it)."""
-        return False
-
-    @property
     def slots_in_use(self) -> int:
         return len(self._streams)
 

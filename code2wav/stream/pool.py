@@ -77,16 +77,8 @@ class StatePool:
             key: torch.zeros(rows, *shape, device=device, dtype=dtype) for key, shape in model.state_shapes().items()
         }
         self.position = torch.zeros(rows, dtype=torch.long, device=device)
-        # A slot is free and zeroed (``_free``), in use, free but not zeroed yet (``_stale``: its
-        # last owner's state is still there), or in use by a new owner while still unzeroed
-        # (``_dirty``: zeroed before the next pass). ``acquire`` hands out zeroed slots first,
-        # so a new stream rarely waits for a zeroing; the stale ones are zeroed in batches.
         self._free = list(range(max_streams - 1, -1, -1))
-        self._stale: list[int] = []
-        self._dirty: set[int] = set()
-        # Knob: free stale slots worth one zeroing pass (``reset_due``); a pass costs the host
-        # the same few launches for one slot or many.
-        self.reset_batch = max(1, min(32, max_streams // 8))
+        self._stale: set[int] = set()  # given back, not yet zeroed (see reset_stale)
         # Per slot, its row of every buffer, per dtype (a foreach over mixed dtypes falls back
         # to one launch per tensor); built once, so zeroing a slot builds no views.
         self._rows = [([b[s : s + 1] for b in self.buffers.values()], self.position[s : s + 1]) for s in range(rows)]
@@ -102,56 +94,36 @@ class StatePool:
 
     @property
     def in_use(self) -> int:
-        return self.max_streams - len(self._free) - len(self._stale)
+        return self.max_streams - len(self._free)
 
     def acquire(self) -> int:
-        """A free slot: a zeroed one while there is one, else a stale one (``must_reset`` then
-        says a zeroing pass is owed before the new owner's first pass)."""
-        if self._free:
-            return self._free.pop()
-        if not self._stale:
+        if not self._free:
             raise PoolFull(f"all {self.max_streams} stream slots are in use")
-        slot = self._stale.pop()
-        self._dirty.add(slot)
-        return slot
+        return self._free.pop()
 
     def release(self, slot: int) -> None:
-        if not 0 <= slot < self.max_streams or slot in self._free or slot in self._stale:
+        if not 0 <= slot < self.max_streams or slot in self._free:
             raise ValueError(f"slot {slot} is not in use")
-        self._dirty.discard(slot)  # ended before its first pass: stale again, whoever owned it
-        self._stale.append(slot)
-
-    @property
-    def must_reset(self) -> bool:
-        """Whether a slot in use still holds a previous owner's state: ``reset_stale`` before
-        the next pass."""
-        return bool(self._dirty)
-
-    @property
-    def reset_due(self) -> bool:
-        """Whether a zeroing pass is worth it now: one is owed (``must_reset``), the free stale
-        slots make a batch (``reset_batch``), or no zeroed slot is left to hand out."""
-        return bool(self._dirty) or len(self._stale) >= self.reset_batch or (bool(self._stale) and not self._free)
+        self._free.append(slot)
+        self._stale.add(slot)
 
     @property
     def has_stale(self) -> bool:
-        """Whether any slot waits to be zeroed (``reset_stale`` has work)."""
-        return bool(self._stale or self._dirty)
+        """Whether slots given back wait to be zeroed (``reset_stale`` has work)."""
+        return bool(self._stale)
 
     def reset_stale(self) -> None:
-        """Cold-start state for every slot given back and not zeroed yet, in use again or not:
-        zero conv history is the forward's zero padding; KV rows are masked by position, zeroed
-        anyway so nothing stale survives. ``release`` only marks the slot, so that ending and
-        opening streams are host bookkeeping; whoever runs passes calls this before a pass when
-        ``must_reset`` says so (and, when idle, when ``reset_due`` does), on the thread (and CUDA
-        stream) that runs them, which orders the zeroing after every earlier pass over the
-        previous owner."""
-        slots = [*self._stale, *self._dirty]
+        """Cold-start state for every slot given back since the last call: zero conv history is
+        the forward's zero padding; KV rows are masked by position, zeroed anyway so nothing
+        stale survives. ``release`` only marks the slot, so that ending and opening streams are
+        host bookkeeping; whoever runs passes calls this before any new owner's first pass, on
+        the thread (and CUDA stream) that runs them, which orders the zeroing after every
+        earlier pass over the previous owner. Usually that is long before the slot is handed
+        out again, off the next stream's first packet."""
+        slots, self._stale = self._stale, set()
         if slots:
             torch._foreach_zero_([row for s in slots for row in self._rows[s][0]])
             torch._foreach_zero_([self._rows[s][1] for s in slots])
-        self._free.extend(self._stale)
-        self._stale, self._dirty = [], set()
 
     def snapshot(self, slot: int) -> dict[str, Tensor]:
         """A copy of ``slot``'s state: its row of every buffer and its position."""
