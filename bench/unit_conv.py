@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import sys
-from dataclasses import astuple
+from dataclasses import astuple, replace
 
 import torch
 from gpu_timing import ranked_tiles, sweep_options, timed_in_graph  # bench/ is the script's directory, first on sys.path
@@ -37,12 +38,16 @@ SAMPLES_LEADERS = ((128, 32, 4, 3), (128, 32, 4, 4), (64, 32, 4, 4), (64, 64, 4,
 
 def sweep_tiles(C: int) -> list[unit_conv.ConvTiles]:
     """Both forms' tilings at ``C`` channels: the samples form's leaders, and the channels form
-    over rows, K slices, warps and stages with an accumulator of at most 32k fp32 elements."""
+    over rows, K slices, warps and stages with an accumulator of at most 32k fp32 elements.
+    With ``UNIT_CONV_SWEEP=tma`` in the environment: each of them with ``tma=True``, beside
+    today's tiles of that width (``unit_conv.TILES``) as they are."""
     out = [unit_conv.ConvTiles(*t) for t in SAMPLES_LEADERS if C % t[1] == 0]
     cp = unit_conv.triton.next_power_of_2(C)
     for bm, bk, w, st in itertools.product((64, 128, 256), (32, 64), (4, 8), (3, 4)):
         if C % bk == 0 and bm * cp <= 32768:
             out.append(unit_conv.ConvTiles(bm, bk, w, st, form="channels"))
+    if os.environ.get("UNIT_CONV_SWEEP") == "tma":
+        return [t for t in [unit_conv.TILES.get(C)] if t is not None] + [replace(t, tma=True) for t in out]
     return out
 
 

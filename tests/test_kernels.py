@@ -258,16 +258,19 @@ def _unit_case(C: int, d: int, B: int, L: int, g: torch.Generator, extra: int = 
     return (xx, x, w1, d, b1, a2, be2, w2, b2), ref
 
 
+@pytest.mark.parametrize("tma", [False, True], ids=["pointer-loads", "tma"])
 @pytest.mark.parametrize("form", ["samples", "channels"])
 @pytest.mark.parametrize(("C", "d"), [(96, 3), (48, 9), (32, 1)])
-def test_unit_conv_matches_the_unit_ops(monkeypatch, form, C, d):
+def test_unit_conv_matches_the_unit_ops(monkeypatch, form, C, d, tma):
     """A residual unit as one kernel after its history concat (the dilated conv, conv1's bias,
     SnakeBeta, the 1x1 conv and the residual) equals the ops one by one: widths split in two
     power-of-two parts (96 = 64 + 32, 48 = 32 + 16) or padded to one (the channels form) and a
-    power of two (32); row tiles that straddle batch rows and a sample count no tile divides; a
-    history concat longer than the conv reads (a folded conv's padding)."""
+    power of two (32); row tiles that straddle batch rows (pointer loads; with ``tma`` a
+    program stays in one batch row, its last tile reading past the row's end, masked) and a
+    sample count no tile divides; a history concat longer than the conv reads (a folded
+    conv's padding)."""
     g = torch.Generator().manual_seed(7)
-    tiles = unit_conv.ConvTiles(16, 16, 4, 2, form)
+    tiles = unit_conv.ConvTiles(16, 16, 4, 2, form, tma)
     args, ref = _unit_case(C, d, 3, 37, g, extra=d)
     y = unit_conv.unit_conv(*args, tiles=tiles)
     assert close(y, ref, 1e-5) and snake.is_channels_last(y)
@@ -288,6 +291,8 @@ def test_unit_conv_refuses_what_it_cannot_compute():
         unit_conv.unit_conv(xx, *rest, tiles=unit_conv.ConvTiles(16, 32, 4, 2))  # a K slice of 32
     with pytest.raises(ValueError, match="form must be"):
         unit_conv.unit_conv(xx, *rest, tiles=unit_conv.ConvTiles(16, 16, 4, 2, "rows"))
+    with pytest.raises(ValueError, match="dense"):  # a trimmed view: its rows are not one block apart
+        unit_conv.unit_conv(xx[..., :-1], *rest[:2], 2, *rest[3:], tiles=unit_conv.ConvTiles(16, 16, 4, 2, tma=True))
 
 
 def test_unit_conv_applies_where_it_has_tiles_and_enough_samples(monkeypatch):

@@ -46,6 +46,7 @@ class ConvTiles:
     num_warps: int
     num_stages: int
     form: Literal["samples", "channels"] = "samples"
+    tma: bool = False
 
 
 # Per channel count, from bench/unit_conv.py's sweep (bf16, 16 x 25 frames; figures in
@@ -82,19 +83,42 @@ if triton is not None:
         return snake_value(h, a, inv_b, FAST_SIN).to(out_ty)
 
     @triton.jit
+    def _unit_rows(xx_ptr, M, L, sxxb, sxb, C: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                   TMA: tl.constexpr, SAMPLES_WIDE: tl.constexpr):
+        """A program's output samples: ``rm`` (``b * L + t``, a column ``[BM, 1]``, or a row
+        ``[1, BM]`` where ``SAMPLES_WIDE``), their mask, ``b`` and ``t``, and where their rows
+        start in ``xx`` and ``x``. Without ``TMA`` program 0's axis runs over all ``B * L``
+        samples; with it over one batch row's (axis 1 is ``b``), and ``desc`` is a descriptor
+        over ``xx`` as ``[B * (H + L'), C]`` rows whose block ``row0 + j * D`` is the tile's tap ``j``."""
+        ar = tl.arange(0, BLOCK_M)[None, :] if SAMPLES_WIDE else tl.arange(0, BLOCK_M)[:, None]
+        if TMA:
+            b = tl.program_id(1)
+            t = tl.program_id(0) * BLOCK_M + ar
+            mmask = t < L
+            rm = b * L + t
+            rows = sxxb // C  # H + L' rows a batch row
+            desc = tl.make_tensor_descriptor(xx_ptr, shape=[tl.num_programs(1) * rows, C], strides=[C, 1],
+                                             block_shape=[BLOCK_M, BLOCK_K])
+            row0 = b * rows + tl.program_id(0) * BLOCK_M
+        else:
+            rm = tl.program_id(0) * BLOCK_M + ar  # row b*L + t
+            mmask = rm < M
+            b, t = rm // L, rm % L  # per row, not per element
+            desc, row0 = 0, 0
+        xx_rows = b.to(tl.int64) * sxxb + t * C  # xx's row t is output t's first tap
+        x_rows = b.to(tl.int64) * sxb + t * C
+        return rm, mmask, b, t, xx_rows, x_rows, desc, row0
+
+    @triton.jit
     def _unit_conv_kernel(xx_ptr, x_ptr, w1_ptr, w2_ptr, y_ptr, b1_ptr, alpha_ptr, beta_ptr, b2_ptr,
                           M, L, D, sxxb, sxb, s1n, s1k, s1t, s2n, s2k,
                           C: tl.constexpr, CA: tl.constexpr, CB: tl.constexpr, TAPS: tl.constexpr,
                           FAST_SIN: tl.constexpr, NUM_STAGES: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+                          BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr):
         HAS_B: tl.constexpr = CB > 0
         CBP: tl.constexpr = CB if CB > 0 else 16  # a shape for the unused second half
         KCH: tl.constexpr = C // BLOCK_K
-        rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]  # [BM, 1]: row b*L + t
-        mmask = rm < M
-        b, t = rm // L, rm % L  # per row, not per element
-        xx_rows = b.to(tl.int64) * sxxb + t * C  # xx's row t is output t's first tap
-        x_rows = b.to(tl.int64) * sxb + t * C
+        rm, mmask, b, t, xx_rows, x_rows, desc, row0 = _unit_rows(xx_ptr, M, L, sxxb, sxb, C, BLOCK_M, BLOCK_K, TMA, False)
         na = tl.arange(0, CA)[None, :]
         nb = CA + tl.arange(0, CBP)[None, :]
         acc_a = tl.zeros([BLOCK_M, CA], dtype=tl.float32)
@@ -102,7 +126,10 @@ if triton is not None:
         for i in tl.range(0, TAPS * KCH, num_stages=NUM_STAGES):  # tap j, input channels [k0, k0 + BK)
             j = i // KCH
             rk = (i % KCH) * BLOCK_K + tl.arange(0, BLOCK_K)[None, :]  # [1, BK]
-            a = tl.load(xx_ptr + xx_rows + j * D * C + rk, mask=mmask, other=0.0)
+            if TMA:
+                a = desc.load([row0 + j * D, (i % KCH) * BLOCK_K])
+            else:
+                a = tl.load(xx_ptr + xx_rows + j * D * C + rk, mask=mmask, other=0.0)
             wk = w1_ptr + tl.trans(rk) * s1k + j * s1t  # [BK, 1]: W1[n, k, j]
             acc_a = tl.dot(a, tl.load(wk + na * s1n), acc_a)
             if HAS_B:
@@ -130,15 +157,11 @@ if triton is not None:
                             M, L, D, sxxb, sxb, s1n, s1k, s1t, s2n, s2k,
                             C: tl.constexpr, CP: tl.constexpr, TAPS: tl.constexpr,
                             FAST_SIN: tl.constexpr, NUM_STAGES: tl.constexpr,
-                            BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+                            BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr):
         """The same unit, transposed: ``acc[n, m]`` over output channels ``n`` (``C`` padded to
         ``CP``; the padding's weights load as zero, so its rows stay zero) and samples ``m``."""
         KCH: tl.constexpr = C // BLOCK_K
-        rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]  # [1, BM]: sample b*L + t
-        mmask = rm < M
-        b, t = rm // L, rm % L
-        xx_cols = b.to(tl.int64) * sxxb + t * C
-        x_cols = b.to(tl.int64) * sxb + t * C
+        rm, mmask, b, t, xx_cols, x_cols, desc, row0 = _unit_rows(xx_ptr, M, L, sxxb, sxb, C, BLOCK_M, BLOCK_K, TMA, True)
         n = tl.arange(0, CP)[:, None]  # [CP, 1]
         nmask = n < C
         acc = tl.zeros([CP, BLOCK_M], dtype=tl.float32)
@@ -146,7 +169,10 @@ if triton is not None:
             j = i // KCH
             rk = (i % KCH) * BLOCK_K + tl.arange(0, BLOCK_K)  # input channels
             w = tl.load(w1_ptr + n * s1n + rk[None, :] * s1k + j * s1t, mask=nmask, other=0.0)  # [CP, BK]
-            a = tl.load(xx_ptr + xx_cols + j * D * C + rk[:, None], mask=mmask, other=0.0)  # [BK, BM]
+            if TMA:
+                a = tl.trans(desc.load([row0 + j * D, (i % KCH) * BLOCK_K]))  # [BK, BM]
+            else:
+                a = tl.load(xx_ptr + xx_cols + j * D * C + rk[:, None], mask=mmask, other=0.0)  # [BK, BM]
             acc = tl.dot(w, a, acc)
         h = _snake_rounded(acc, n, b1_ptr, alpha_ptr, beta_ptr, C, FAST_SIN, w2_ptr.dtype.element_ty)
         k2 = tl.arange(0, CP)[None, :]
@@ -188,22 +214,34 @@ def unit_conv(xx: Tensor, x: Tensor, w1: Tensor, dilation: int, b1: Tensor, alph
     if not computes(C, t):
         raise ValueError(f"tiles {t} cannot compute {C} channels (the K slice must divide them; "
                          f"the samples form needs C - {split(C)[0]} to be 0 or a power of two >= 16)")
+    if t.tma and xx.stride(0) != xx.shape[-1] * C:
+        raise ValueError("tiles with tma=True read xx as dense [B, T, C] rows: give a dense channels-last xx")
     ca, cb = split(C)
     M = B * L
     y = torch.empty(B, L, C, device=x.device, dtype=x.dtype).transpose(1, 2)
     block_m = min(t.block_m, max(16, triton.next_power_of_2(-(-M // sm_count(x.device)))))
+    grid = (triton.cdiv(L, block_m), B) if t.tma else (triton.cdiv(M, block_m),)
+    if t.tma and x.is_cuda:
+        _descriptor_scratch()
+    common = (xx, x, w1, w2, y, b1, alpha, beta, b2, M, L, dilation, xx.stride(0), x.stride(0),
+              w1.stride(0), w1.stride(1), w1.stride(2), w2.stride(0), w2.stride(1))
+    shared = dict(TAPS=taps, FAST_SIN=fast_sin(x), NUM_STAGES=t.num_stages, BLOCK_M=block_m, BLOCK_K=t.block_k, TMA=t.tma,
+                  num_warps=t.num_warps)
     if t.form == "channels":
-        _unit_conv_t_kernel[(triton.cdiv(M, block_m),)](
-            xx, x, w1, w2, y, b1, alpha, beta, b2, M, L, dilation, xx.stride(0), x.stride(0),
-            w1.stride(0), w1.stride(1), w1.stride(2), w2.stride(0), w2.stride(1),
-            C=C, CP=triton.next_power_of_2(C), TAPS=taps, FAST_SIN=fast_sin(x), NUM_STAGES=t.num_stages,
-            BLOCK_M=block_m, BLOCK_K=t.block_k, num_warps=t.num_warps,
-        )
-        return y
-    _unit_conv_kernel[(triton.cdiv(M, block_m),)](
-        xx, x, w1, w2, y, b1, alpha, beta, b2, M, L, dilation, xx.stride(0), x.stride(0),
-        w1.stride(0), w1.stride(1), w1.stride(2), w2.stride(0), w2.stride(1),
-        C=C, CA=ca, CB=cb, TAPS=taps, FAST_SIN=fast_sin(x), NUM_STAGES=t.num_stages,
-        BLOCK_M=block_m, BLOCK_K=t.block_k, num_warps=t.num_warps,
-    )
+        _unit_conv_t_kernel[grid](*common, C=C, CP=triton.next_power_of_2(C), **shared)
+    else:
+        _unit_conv_kernel[grid](*common, C=C, CA=ca, CB=cb, **shared)
     return y
+
+
+_scratch_set = False
+
+
+def _descriptor_scratch() -> None:
+    """Triton builds a kernel's tensor descriptors in global scratch memory that it asks an
+    allocator for at launch; torch's caching allocator serves it (a CUDA graph's pool during a
+    capture). Set once per process."""
+    global _scratch_set
+    if not _scratch_set:
+        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+        _scratch_set = True
