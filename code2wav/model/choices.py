@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import torch
+
 Fold = Literal["multi-row", "dilated", "all", "none"]
 FOLDS: tuple[str, ...] = ("multi-row", "dilated", "all", "none")
 
@@ -52,9 +54,9 @@ class LayerChoices:
     # projection's loads), where ``skinny`` is on too.
     skinny_half: bool = False
 
-    def skinny_for(self, dtype: object) -> bool:
-        """Whether few-row products in ``dtype`` (a torch dtype) may take the skinny kernel."""
-        return self.skinny and (self.skinny_half or str(dtype) == "torch.float32")
+    def skinny_for(self, dtype: torch.dtype) -> bool:
+        """Whether few-row products in ``dtype`` may take the skinny kernel."""
+        return self.skinny and (self.skinny_half or dtype == torch.float32)
 
     def __post_init__(self) -> None:
         if self.conv_fold not in FOLDS:
