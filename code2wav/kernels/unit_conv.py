@@ -22,6 +22,7 @@ to a power of two and puts the samples on the wide N side, which the tensor core
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -234,14 +235,9 @@ def unit_conv(xx: Tensor, x: Tensor, w1: Tensor, dilation: int, b1: Tensor, alph
     return y
 
 
-_scratch_set = False
-
-
+@functools.cache
 def _descriptor_scratch() -> None:
     """Triton builds a kernel's tensor descriptors in global scratch memory that it asks an
     allocator for at launch; torch's caching allocator serves it (a CUDA graph's pool during a
     capture). Set once per process."""
-    global _scratch_set
-    if not _scratch_set:
-        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-        _scratch_set = True
+    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
