@@ -141,6 +141,16 @@ def main() -> int:
     check(f"skinny_half={flipped.skinny_half}, low-rate auto: bf16 stream SNR >= 30 dB", snr_flip >= 30.0,
           f"{snr_flip:.1f} dB (default layers {snr_auto:.1f} dB)")
     del m_flip
+    # 3a'''. Kernels launched with PDL (LayerChoices.pdl, kernels/pdl.py) or plainly: whichever the
+    # default does not pick, the fp32 stream through graphs within the bound of check 2, and how
+    # far it lies from the default's (the same kernels in the same order: a race would show here).
+    s_default = graph_stream(m32, codes).double()
+    other = replace(m32.layer_choices, pdl=not m32.layer_choices.pdl)
+    s_other = graph_stream(load(weights, torch.float32, "cuda", layers=other), codes).double()
+    err_other = ((s_other - ref).abs().max() / ref.abs().max()).item()
+    apart = ((s_other - s_default).abs().max() / ref.abs().max()).item()
+    check(f"pdl={other.pdl}: graph fp32 stream vs fp64 forward", err_other <= 1e-4,
+          f"max err / peak {err_other:.2e}; from the default's stream {apart:.2e}")
     # 3b. Every residual unit as one kernel (LayerChoices.unit_conv_rows=1: at every step size
     # its tiles cover): the bf16 stream within the same bound.
     one_kernel = replace(m32.layer_choices, unit_conv_rows=1)

@@ -26,6 +26,7 @@ SUFFIXES = {
     "convt": ("convt_gemm", lambda v: v != "cudnn"),
     "skinny": ("skinny", lambda v: v != "0"),
     "skinnyhalf": ("skinny_half", lambda v: v != "0"),
+    "pdl": ("pdl", lambda v: v != "0"),
     "unitfill": ("unit_fill_sms", lambda v: v != "0"),
     "gemmrows": ("conv_gemm_rows", int),
     "unitconv": ("unit_conv_rows", int),
@@ -57,7 +58,8 @@ def main() -> int:
     ``LayerChoices.conv_gemm_rows``); ``...-unitfill=0`` keeps the residual units' fused tails
     at fixed 128-row tiles in small steps (the A/B of ``LayerChoices.unit_fill_sms``);
     ``...-skinny=0`` runs the few-row float32 products through cuBLAS (the A/B of
-    ``LayerChoices.skinny``; ``...-skinnyhalf=1`` the half ones too, ``LayerChoices.skinny_half``);
+    ``LayerChoices.skinny``; ``...-skinnyhalf=1`` the half ones too, ``LayerChoices.skinny_half``;
+    ``...-pdl=0`` launches the Triton kernels plainly, ``LayerChoices.pdl``);
     ``...-unitconv=N`` runs a residual unit as one kernel in steps of
     at least N samples (the A/B of ``LayerChoices.unit_conv_rows``); ``...-convtk=N`` runs each
     decoder block's ConvTranspose as one kernel in steps of at least N input rows (the A/B of

@@ -731,3 +731,69 @@ def test_skinny_applies_to_few_rows_of_big_float32_weights(monkeypatch):
     assert close(skinny.linear(x3, w, b), F.linear(x3, w, b))  # 3 rows: the kernel
     x6 = torch.randn(2, 3, 512)
     assert close(skinny.linear(x6, w, b), F.linear(x6, w, b))  # 6 rows: cuBLAS
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["pdl", "plain"])
+def test_a_step_asks_for_pdl_launches_where_the_model_says(monkeypatch, on):
+    """Every kernel a streaming step launches takes its launch keywords from kernels/pdl.py,
+    inside the model's forward, which asks for PDL per ``LayerChoices.pdl``; the launch itself
+    stays plain on a CPU tensor (no sm90), and the switch is off again after the forward."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from code2wav.kernels import pdl
+    from code2wav.model.choices import DEFAULT_CHOICES
+    from code2wav.stream.pool import StatePool
+
+    m = model(SMALL, torch.float32).set_layer_choices(replace(DEFAULT_CHOICES, pdl=on))
+    pool = StatePool(m, max_streams=2)
+    codes = torch.stack([random_codes(1, SMALL, seed=s).T for s in range(2)])
+    seen: list[tuple[str, bool, bool, bool]] = []
+    launch = InterpretedFunction.run
+
+    def recorded(self, *args, **kwargs):
+        seen.append((self.__name__, getattr(pdl._local, "on", False), kwargs["PDL"], kwargs["launch_pdl"]))
+        return launch(self, *args, **kwargs)
+
+    monkeypatch.setattr(InterpretedFunction, "run", recorded)
+    pool.run(m, codes, torch.tensor([0, 1]), torch.tensor([1, 1]))
+    assert len({name for name, *_ in seen}) >= 5
+    assert all(asked == on and not flag and not launched for _, asked, flag, launched in seen), seen
+    assert not getattr(pdl._local, "on", False)
+
+
+def test_pdl_launches_only_where_asked_on_sm90_and_later(monkeypatch):
+    """A launch gets PDL inside ``launches(True)`` on a CUDA tensor of an sm90+ device only;
+    ``launches`` nests and restores the thread's setting."""
+    from types import SimpleNamespace
+
+    from code2wav.kernels import pdl
+
+    gpu = SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0))
+    monkeypatch.setattr(pdl, "_capable", lambda index: True)
+    assert pdl.options(gpu) == {"PDL": False, "launch_pdl": False}
+    with pdl.launches(True):
+        assert pdl.options(gpu) == {"PDL": True, "launch_pdl": True}
+        assert pdl.options(torch.zeros(1))["PDL"] is False  # a CPU tensor
+        with pdl.launches(False):
+            assert pdl.options(gpu)["PDL"] is False
+        assert pdl.options(gpu)["PDL"] is True
+        monkeypatch.setattr(pdl, "_capable", lambda index: False)  # before Hopper
+        assert pdl.options(gpu)["PDL"] is False
+    assert getattr(pdl._local, "on", False) is False
+
+
+def test_every_pdl_kernel_waits_before_touching_memory():
+    """The PDL contract (kernels/pdl.py): a kernel that takes ``PDL`` runs ``wait_previous(PDL)``
+    as its first statement, so nothing it reads or writes races the kernel before it."""
+    import ast
+    import inspect
+
+    takers = []
+    for mod in (convt, history, mono_conv, skinny, snake, unit, unit_conv, tk):
+        for node in ast.walk(ast.parse(inspect.getsource(mod))):
+            if isinstance(node, ast.FunctionDef) and "PDL" in [a.arg for a in node.args.args]:
+                body = [s for s in node.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+                first = ast.unparse(body[0])
+                takers.append(node.name)
+                assert first == "wait_previous(PDL)", f"{mod.__name__}.{node.name} starts with {first!r}"
+    assert len(takers) == 12, takers

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from code2wav.kernels import snake
+from code2wav.kernels import pdl, snake
 from code2wav.kernels.snake import triton
 
 
@@ -47,10 +47,13 @@ TILES: dict[int, PairTiles] = {192: PairTiles(128, 128, 64, 8, 3)}
 if triton is not None:
     import triton.language as tl
 
+    from code2wav.kernels.pdl import wait_previous
+
     @triton.jit
     def _pairs_kernel(r_ptr, w_ptr, b_ptr, y_ptr, M, N, srm, swk, swn, sym,
                       C: tl.constexpr, NUM_STAGES: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+        wait_previous(PDL)  # before any memory access (kernels/pdl.py)
         KCH: tl.constexpr = C // BLOCK_K
         rm = 1 + tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]  # [BM, 1]: output rows 1..M-1
         mmask = rm < M
@@ -94,5 +97,5 @@ def convt_pairs(rows: Tensor, w: Tensor, bias_rows: Tensor, tiles: PairTiles | N
     grid = (triton.cdiv(max(M - 1, 1), t.block_m), triton.cdiv(N, t.block_n))
     _pairs_kernel[grid](rows, w, bias_rows, y, M, N, rows.stride(0), w.stride(0), w.stride(1), y.stride(0),
                         C=C, NUM_STAGES=t.num_stages, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
-                        num_warps=t.num_warps)
+                        num_warps=t.num_warps, **pdl.options(rows))
     return y

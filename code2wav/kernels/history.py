@@ -23,12 +23,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from code2wav.kernels import snake
+from code2wav.kernels import pdl, snake
 from code2wav.kernels.snake import empty_time, fast_sin, is_channels_last, snake_beta_eager, tile_shape, to_layout, triton
 
 if triton is not None:
     import triton.language as tl
 
+    from code2wav.kernels.pdl import wait_previous
     from code2wav.kernels.snake import snake_params, snake_value
 
     @triton.jit
@@ -59,8 +60,9 @@ if triton is not None:
         C, H, T, T_OUT, RATE, sob, soc, sot, sxb, sxc, sxt, spn, spc, spt,
         HAS_POOL: tl.constexpr, WRITE: tl.constexpr, HAS_ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
         FAST_SIN: tl.constexpr, SPLIT: tl.constexpr, HIST_C: tl.constexpr, CHUNKS: tl.constexpr, BLOCK_H: tl.constexpr,
-        BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr,
+        BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr,
     ):
+        wait_previous(PDL)  # before any memory access (kernels/pdl.py)
         # Grid (time tiles, channel tiles, rows). With a pool, time tiles 0 .. SPLIT - 1 are the
         # history programs, each owning HIST_C channels of the channel tile (output [0, H) and
         # every pool access of them, see the module docstring), and the next ones cover
@@ -153,7 +155,7 @@ def history_cat(x: Tensor, history: int, pool: Tensor | None = None, slots: Tens
         C, history, T, T_out, rate, *out.stride(), *x.stride(), *(pool.stride() if pool is not None else (0, 0, 0)),
         HAS_POOL=pool is not None, WRITE=write, HAS_ACT=act is not None, HAS_BIAS=bias is not None,
         FAST_SIN=fast_sin(x), SPLIT=split, HIST_C=hist_c, CHUNKS=triton.cdiv(history, bh), BLOCK_H=bh,
-        BLOCK_L=bl, BLOCK_C=bc, num_warps=snake.NUM_WARPS,
+        BLOCK_L=bl, BLOCK_C=bc, num_warps=snake.NUM_WARPS, **pdl.options(x),
     )
     return out
 

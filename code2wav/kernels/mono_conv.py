@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from code2wav.kernels import snake
+from code2wav.kernels import pdl, snake
 from code2wav.kernels.snake import triton
 
 BLOCK_T = 64  # output samples per program (bench/mono_conv.py sweeps it and the warps)
@@ -21,9 +21,12 @@ NUM_WARPS = 4
 if triton is not None:
     import triton.language as tl
 
+    from code2wav.kernels.pdl import wait_previous
+
     @triton.jit
     def _mono_conv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, C, L_out, sxb, sxc, sxt, swc, swk,
-                          K: tl.constexpr, DIL: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+                          K: tl.constexpr, DIL: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr):
+        wait_previous(PDL)  # before any memory access (kernels/pdl.py)
         row = tl.program_id(0)
         t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
         c = tl.arange(0, BLOCK_C)
@@ -53,6 +56,6 @@ def mono_conv(x: Tensor, weight: Tensor, bias: Tensor, dilation: int = 1, block_
     block_t = block_t or BLOCK_T
     _mono_conv_kernel[(B, triton.cdiv(L_out, block_t))](
         x, weight, bias, y, C, L_out, *x.stride(), weight.stride(1), weight.stride(2),
-        K=K, DIL=dilation, BLOCK_T=block_t, BLOCK_C=triton.next_power_of_2(C), num_warps=num_warps or NUM_WARPS,
+        K=K, DIL=dilation, BLOCK_T=block_t, BLOCK_C=triton.next_power_of_2(C), num_warps=num_warps or NUM_WARPS, **pdl.options(x),
     )
     return y

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from code2wav.kernels import snake
+from code2wav.kernels import pdl, snake
 from code2wav.kernels.snake import triton
 from code2wav.kernels.transformer import silu_mul
 
@@ -32,10 +32,13 @@ PROGRAMS = 256  # aim: about two programs per SM (an H100/H200 has 132 SMs)
 if triton is not None:
     import triton.language as tl
 
+    from code2wav.kernels.pdl import wait_previous
+
     @triton.jit
     def _skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, sxm, sxk, swn, swk, sym, syn,
                        K: tl.constexpr, M: tl.constexpr, ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr,
-                       GATED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                       GATED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+        wait_previous(PDL)  # before any memory access (kernels/pdl.py)
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         nm = n < N
         r = tl.arange(0, ROWS)[:, None]  # ROWS: M rounded up to a power of two
@@ -104,7 +107,8 @@ def matmul_t(x: Tensor, w: Tensor, bias: Tensor | None = None, out: Tensor | Non
     bn, bk = tiles(N, K)
     _skinny_kernel[(triton.cdiv(N, bn),)](
         x, w, bias if bias is not None else w, out, N, *x.stride(), *w.stride(), *out.stride(),
-        K=K, M=M, ROWS=max(2, triton.next_power_of_2(M)), HAS_BIAS=bias is not None, ACCUMULATE=accumulate, GATED=gated, BLOCK_N=bn, BLOCK_K=bk, num_warps=4,
+        K=K, M=M, ROWS=max(2, triton.next_power_of_2(M)), HAS_BIAS=bias is not None, ACCUMULATE=accumulate, GATED=gated, BLOCK_N=bn, BLOCK_K=bk,
+        num_warps=4, **pdl.options(x),
     )
     return out
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from code2wav.kernels import instant
+from code2wav.kernels import instant, pdl
 
 try:  # Triton ships with CUDA builds of torch; CPU-only installs run the eager formula.
     import triton
@@ -91,6 +91,7 @@ def fast_sin(x: Tensor) -> bool:
 
 
 if triton is not None:
+    from code2wav.kernels.pdl import wait_previous
 
     @triton.jit
     def tile(L, C, BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -120,7 +121,8 @@ if triton is not None:
 
     @triton.jit
     def _snake_kernel(x_ptr, y_ptr, alpha_ptr, beta_ptr, bias_ptr, C, L, sxb, sxc, sxt, syb, syc, syt,
-                      HAS_BIAS: tl.constexpr, FAST_SIN: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr):
+                      HAS_BIAS: tl.constexpr, FAST_SIN: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr):
+        wait_previous(PDL)  # before any memory access (kernels/pdl.py)
         t, c, m = tile(L, C, BLOCK_L, BLOCK_C)
         b = tl.program_id(2)
         x = tl.load(x_ptr + b * sxb + c * sxc + t * sxt, mask=m).to(tl.float32)
@@ -132,7 +134,8 @@ if triton is not None:
 
     @triton.jit
     def _residual_kernel(x_ptr, h_ptr, bias_ptr, y_ptr, C, L, sxb, sxc, sxt, shb, shc, sht, syb, syc, syt,
-                         HAS_X: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr):
+                         HAS_X: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr):
+        wait_previous(PDL)  # before any memory access (kernels/pdl.py)
         t, c, m = tile(L, C, BLOCK_L, BLOCK_C)
         b = tl.program_id(2)
         h = tl.load(h_ptr + b * shb + c * shc + t * sht, mask=m).to(tl.float32)
@@ -157,7 +160,7 @@ def snake_beta(x: Tensor, alpha: Tensor, beta: Tensor, bias: Tensor | None = Non
     bl, bc = tile_shape(C, L, cl)
     _snake_kernel[_grid(B, C, L, bl, bc)](
         x, y, alpha, beta, bias if bias is not None else alpha, C, L, *x.stride(), *y.stride(),
-        HAS_BIAS=bias is not None, FAST_SIN=fast_sin(x), BLOCK_L=bl, BLOCK_C=bc, num_warps=NUM_WARPS,
+        HAS_BIAS=bias is not None, FAST_SIN=fast_sin(x), BLOCK_L=bl, BLOCK_C=bc, num_warps=NUM_WARPS, **pdl.options(x),
     )
     return y
 
@@ -172,7 +175,7 @@ def residual_add(x: Tensor, h: Tensor, bias: Tensor) -> Tensor:
     y = empty_time(x, L, cl)
     bl, bc = tile_shape(C, L, cl)
     _residual_kernel[_grid(B, C, L, bl, bc)](x, h, bias, y, C, L, *x.stride(), *h.stride(), *y.stride(), HAS_X=True, BLOCK_L=bl, BLOCK_C=bc,
-                                             num_warps=NUM_WARPS)
+                                             num_warps=NUM_WARPS, **pdl.options(x))
     return y
 
 
@@ -187,5 +190,5 @@ def bias_add(h: Tensor, bias: Tensor) -> Tensor:
     y = empty_time(h, L, cl)
     bl, bc = tile_shape(C, L, cl)
     _residual_kernel[_grid(B, C, L, bl, bc)](h, h, bias, y, C, L, *h.stride(), *h.stride(), *y.stride(), HAS_X=False, BLOCK_L=bl, BLOCK_C=bc,
-                                             num_warps=NUM_WARPS)
+                                             num_warps=NUM_WARPS, **pdl.options(h))
     return y

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from code2wav.kernels import snake
+from code2wav.kernels import pdl, snake
 from code2wav.kernels.history import window
 from code2wav.kernels.snake import triton
 
@@ -70,11 +70,14 @@ def _split_heads(qkv: Tensor, n_heads: int, n_kv: int) -> tuple[Tensor, Tensor, 
 if triton is not None:
     import triton.language as tl
 
+    from code2wav.kernels.pdl import wait_previous
+
     @triton.jit
     def _add_rms_norm_kernel(
         x_ptr, h_ptr, scale_ptr, w_ptr, xo_ptr, n_ptr, D, eps,
-        HAS_RES: tl.constexpr, BLOCK_D: tl.constexpr,
+        HAS_RES: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
     ):
+        wait_previous(PDL)  # before any memory access (kernels/pdl.py)
         row = tl.program_id(0)  # one row of D channels per program: the norm is a row reduction
         d = tl.arange(0, BLOCK_D)
         m = d < D
@@ -123,8 +126,9 @@ if triton is not None:
     def _rope_kv_cat_kernel(
         qkv_ptr, cos_ptr, sin_ptr, pk_ptr, pv_ptr, slots_ptr, n_new_ptr, q_ptr, k_ptr, v_ptr,
         T, W, H, HKV, D, sqb, sqt, scb, sct,
-        HAS_POOL: tl.constexpr, WRITE: tl.constexpr, CHUNKS: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+        HAS_POOL: tl.constexpr, WRITE: tl.constexpr, CHUNKS: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
     ):
+        wait_previous(PDL)  # before any memory access (kernels/pdl.py)
         # Program (b * H + h, tile) over the key axis [0, W + T): history rows s < W come from
         # the pool (kv heads only); new rows s >= W are frame t = s - W, where head h writes
         # rotated q and, if h < HKV, rotated k and plain v. With a pool, tile 0 is the history
@@ -178,7 +182,8 @@ if triton is not None:
                          T, W, H, HKV, D, sqb, sqt, scb, sct, STORE=True)
 
     @triton.jit
-    def _silu_mul_kernel(gu_ptr, y_ptr, N, I, BLOCK: tl.constexpr):
+    def _silu_mul_kernel(gu_ptr, y_ptr, N, I, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        wait_previous(PDL)  # before any memory access (kernels/pdl.py)
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < N
         row = offs // I
@@ -204,7 +209,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     n = torch.empty_like(x)
     D = x.shape[-1]
     _add_rms_norm_kernel[(x.numel() // D,)](
-        x, x, weight, weight, x, n, D, eps, HAS_RES=False, BLOCK_D=triton.next_power_of_2(D)
+        x, x, weight, weight, x, n, D, eps, HAS_RES=False, BLOCK_D=triton.next_power_of_2(D), **pdl.options(x)
     )
     return n
 
@@ -219,7 +224,7 @@ def add_rms_norm(x: Tensor, h: Tensor, scale: Tensor, weight: Tensor, eps: float
     xo, n = torch.empty_like(x), torch.empty_like(x)
     D = x.shape[-1]
     _add_rms_norm_kernel[(x.numel() // D,)](
-        x, h, scale, weight, xo, n, D, eps, HAS_RES=True, BLOCK_D=triton.next_power_of_2(D)
+        x, h, scale, weight, xo, n, D, eps, HAS_RES=True, BLOCK_D=triton.next_power_of_2(D), **pdl.options(x)
     )
     return xo, n
 
@@ -271,7 +276,7 @@ def rope_kv_cat(
         qkv, cos, sin, pk if has_pool else dummy, pv if has_pool else dummy,
         slots if has_pool else dummy, n_new if in_place else dummy, q, k, v,
         T, W, n_heads, n_kv, D, qkv.stride(0), qkv.stride(1), cos.stride(0), cos.stride(1),
-        HAS_POOL=has_pool, WRITE=in_place, CHUNKS=triton.cdiv(W, rows), ROWS=rows, BLOCK_D=block_d,
+        HAS_POOL=has_pool, WRITE=in_place, CHUNKS=triton.cdiv(W, rows), ROWS=rows, BLOCK_D=block_d, **pdl.options(qkv),
     )
     if write and not in_place:
         kv_write(pool_k, pool_v, slots, k, v, n_new)
@@ -296,5 +301,5 @@ def silu_mul(gu: Tensor) -> Tensor:
     I = gu.shape[-1] // 2
     y = gu.new_empty(*gu.shape[:-1], I)
     N = y.numel()
-    _silu_mul_kernel[(triton.cdiv(N, snake.BLOCK),)](gu, y, N, I, BLOCK=snake.BLOCK)
+    _silu_mul_kernel[(triton.cdiv(N, snake.BLOCK),)](gu, y, N, I, BLOCK=snake.BLOCK, **pdl.options(gu))
     return y

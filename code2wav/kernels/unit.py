@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from code2wav.kernels import snake
+from code2wav.kernels import pdl, snake
 from code2wav.kernels.snake import fast_sin, is_channels_last, triton
 
 ACC_ELEMENTS = 128 * 128  # the fp32 accumulator's elements at most (128 x 256 spilled registers)
@@ -63,12 +63,14 @@ def tiles_for(C: int) -> Tiles:
 if triton is not None:
     import triton.language as tl
 
+    from code2wav.kernels.pdl import wait_previous
     from code2wav.kernels.snake import snake_params, snake_value
 
     @triton.jit
     def _unit_tail_kernel(h_ptr, x_ptr, w_ptr, y_ptr, b1_ptr, alpha_ptr, beta_ptr, b2_ptr, M, L, shb, sxb, swn, swk,
                           C: tl.constexpr, FAST_SIN: tl.constexpr, NUM_STAGES: tl.constexpr, N_TILES: tl.constexpr,
-                          EARLY_X: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                          EARLY_X: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+        wait_previous(PDL)  # before any memory access (kernels/pdl.py)
         pid = tl.program_id(0)  # the channel tile varies fastest: neighbours read the same rows
         rm = (pid // N_TILES) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]  # [BM, 1]: row b*L + t
         rn = (pid % N_TILES) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # [1, BN]: output channels
@@ -141,6 +143,6 @@ def unit_tail(h: Tensor, x: Tensor, w2: Tensor, b1: Tensor, alpha: Tensor, beta:
     _unit_tail_kernel[(triton.cdiv(M, block_m) * n_tiles,)](
         h, x, w2, y, b1, alpha, beta, b2, M, L, h.stride(0), x.stride(0), w2.stride(0), w2.stride(1),
         C=C, FAST_SIN=fast_sin(x), NUM_STAGES=t.num_stages, N_TILES=n_tiles, EARLY_X=t.early_x,
-        BLOCK_M=block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, num_warps=t.num_warps,
+        BLOCK_M=block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, num_warps=t.num_warps, **pdl.options(x),
     )
     return y

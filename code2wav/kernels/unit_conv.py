@@ -29,7 +29,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from code2wav.kernels import snake
+from code2wav.kernels import pdl, snake
 from code2wav.kernels.snake import fast_sin, is_channels_last, triton
 from code2wav.kernels.unit import sm_count
 
@@ -73,6 +73,7 @@ def computes(C: int, tiles: ConvTiles) -> bool:
 if triton is not None:
     import triton.language as tl
 
+    from code2wav.kernels.pdl import wait_previous
     from code2wav.kernels.snake import snake_params, snake_value
 
     @triton.jit
@@ -115,7 +116,8 @@ if triton is not None:
                           M, L, D, sxxb, sxb, s1n, s1k, s1t, s2n, s2k,
                           C: tl.constexpr, CA: tl.constexpr, CB: tl.constexpr, TAPS: tl.constexpr,
                           FAST_SIN: tl.constexpr, NUM_STAGES: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr):
+                          BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr):
+        wait_previous(PDL)  # before any memory access (kernels/pdl.py)
         HAS_B: tl.constexpr = CB > 0
         CBP: tl.constexpr = CB if CB > 0 else 16  # a shape for the unused second half
         KCH: tl.constexpr = C // BLOCK_K
@@ -158,9 +160,10 @@ if triton is not None:
                             M, L, D, sxxb, sxb, s1n, s1k, s1t, s2n, s2k,
                             C: tl.constexpr, CP: tl.constexpr, TAPS: tl.constexpr,
                             FAST_SIN: tl.constexpr, NUM_STAGES: tl.constexpr,
-                            BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr):
+                            BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr):
         """The same unit, transposed: ``acc[n, m]`` over output channels ``n`` (``C`` padded to
         ``CP``; the padding's weights load as zero, so its rows stay zero) and samples ``m``."""
+        wait_previous(PDL)  # before any memory access (kernels/pdl.py)
         KCH: tl.constexpr = C // BLOCK_K
         rm, mmask, b, t, xx_cols, x_cols, desc, row0 = _unit_rows(xx_ptr, M, L, sxxb, sxb, C, BLOCK_M, BLOCK_K, TMA, True)
         n = tl.arange(0, CP)[:, None]  # [CP, 1]
@@ -227,7 +230,7 @@ def unit_conv(xx: Tensor, x: Tensor, w1: Tensor, dilation: int, b1: Tensor, alph
     common = (xx, x, w1, w2, y, b1, alpha, beta, b2, M, L, dilation, xx.stride(0), x.stride(0),
               w1.stride(0), w1.stride(1), w1.stride(2), w2.stride(0), w2.stride(1))
     shared = dict(TAPS=taps, FAST_SIN=fast_sin(x), NUM_STAGES=t.num_stages, BLOCK_M=block_m, BLOCK_K=t.block_k, TMA=t.tma,
-                  num_warps=t.num_warps)
+                  num_warps=t.num_warps, **pdl.options(x))
     if t.form == "channels":
         _unit_conv_t_kernel[grid](*common, C=C, CP=triton.next_power_of_2(C), **shared)
     else:

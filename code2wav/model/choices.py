@@ -53,6 +53,9 @@ class LayerChoices:
     # few-row convs and ConvTransposes; with it the one-frame MLP's silu * up rides in the down
     # projection's loads), where ``skinny`` is on too.
     skinny_half: bool = False
+    # Triton kernels launched with programmatic dependent launch on sm90+ (kernels/pdl.py): the
+    # next kernel is placed while the one before it finishes, and waits for its writes there.
+    pdl: bool = True
 
     def skinny_for(self, dtype: torch.dtype) -> bool:
         """Whether few-row products in ``dtype`` may take the skinny kernel."""

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from code2wav.kernels import pdl
 from code2wav.kernels.snake import to_layout
 from code2wav.model.choices import DEFAULT_CHOICES, LayerChoices
 from code2wav.model.config import DecoderConfig
@@ -240,7 +241,7 @@ class Decoder(nn.Module):
 
     def front(self, codes: Tensor, step: Step | None = None) -> Tensor:
         """codes [B, Q, T] -> transformer output [B, latent_dim, T] (in ``low_rate_dtype``)."""
-        with self.low_rate_precision():
+        with self.low_rate_precision(), pdl.launches(self.layer_choices.pdl):
             h = self.pre_conv(self.quantizer(codes), step)
             return self.pre_transformer(h.transpose(1, 2), step).transpose(1, 2)
 
@@ -258,15 +259,16 @@ class Decoder(nn.Module):
 
     def back(self, hidden: Tensor, step: Step | None = None) -> Tensor:
         """[B, latent_dim, T] -> audio [B, 1, T * samples_per_frame], clamped to [-1, 1]."""
-        h = self.upsampled(hidden, step).to(self.dtype)  # keeps the layout
-        act = None
-        for layer in self.decoder:
-            if isinstance(layer, SnakeBeta):  # fused into the next conv's input pass
-                act = layer
-                continue
-            h = layer(h, step) if act is None else layer(h, step, act=act)
+        with pdl.launches(self.layer_choices.pdl):
+            h = self.upsampled(hidden, step).to(self.dtype)  # keeps the layout
             act = None
-        return h.clamp(-1.0, 1.0)
+            for layer in self.decoder:
+                if isinstance(layer, SnakeBeta):  # fused into the next conv's input pass
+                    act = layer
+                    continue
+                h = layer(h, step) if act is None else layer(h, step, act=act)
+                act = None
+            return h.clamp(-1.0, 1.0)
 
     def forward(self, codes: Tensor, step: Step | None = None) -> Tensor:
         """Whole-utterance forward (``step=None``) or one streaming step."""
