@@ -5,6 +5,9 @@
 #                               shape both ways (one process), the quick GPU checks (the other
 #                               setting's fp32 stream vs float64 among them), a lone stream's first
 #                               packet leg by leg back to back, sustained 1 / 64 / 256 both ways
+#   bash bench/session20.sh b   larger steps: sustained 64 / 256 at a 480- (the default), 720- and
+#                               960-frame budget (max_batch_frames; the graph pool beside each); the
+#                               worker's host work on a lone stream's first packets under cProfile
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 left() { echo $(($1 - (SECONDS - T0))); }  # seconds left of a $1-second call
@@ -23,6 +26,16 @@ a)
     rm -f "$OUT/${run%%:*}/plot.png"
   done
   ;;
-*) echo "usage: bash bench/session20.sh a" >&2; exit 2 ;;
+b)
+  stamp "the worker's host work per first packet, back to back, cProfile by cumulative time"
+  FIRST_PACKET_PAUSE_MS=0 timeout 90 python3 bench/first_packet.py 300 bfloat16 profile cumtime 2>&1 | tail -n 75 | tee "$OUT/first_packet_profile.txt" | head -n 40 | tee -a "$log"
+  for frames in 480 720 960; do
+    stamp "sustained 64 / 256 at a $frames-frame budget"
+    timeout "$(left 590)" python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 64,256 --seconds 3 --max-batch-frames $frames --out "$OUT/budget$frames" 2>&1 \
+      | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/budget$frames.txt" | grep -A3 "^mode" | tee -a "$log"
+    rm -f "$OUT/budget$frames/plot.png"
+  done
+  ;;
+*) echo "usage: bash bench/session20.sh a|b" >&2; exit 2 ;;
 esac
 stamp "done"

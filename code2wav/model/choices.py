@@ -55,7 +55,7 @@ class LayerChoices:
     skinny_half: bool = False
     # Triton kernels launched with programmatic dependent launch on sm90+ (kernels/pdl.py): the
     # next kernel is placed while the one before it finishes, and waits for its writes there.
-    pdl: bool = True
+    pdl: bool = False
 
     def skinny_for(self, dtype: torch.dtype) -> bool:
         """Whether few-row products in ``dtype`` may take the skinny kernel."""
