@@ -8,6 +8,8 @@
 #   bash bench/session20.sh b   larger steps: sustained 64 / 256 at a 480- (the default), 720- and
 #                               960-frame budget (max_batch_frames; the graph pool beside each); the
 #                               worker's host work on a lone stream's first packets under cProfile
+#   bash bench/session20.sh c   a step's front and back as two graphs on two CUDA streams, the
+#                               next step's front beside this step's back (bench/overlap.py)
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 left() { echo $(($1 - (SECONDS - T0))); }  # seconds left of a $1-second call
@@ -36,6 +38,10 @@ b)
     rm -f "$OUT/budget$frames/plot.png"
   done
   ;;
-*) echo "usage: bash bench/session20.sh a|b" >&2; exit 2 ;;
+c)
+  stamp "front and back graphs on two streams: serial vs pipelined"
+  timeout "$(left 290)" python3 bench/overlap.py 10x25,16x25,20x25 50 2>&1 | tee "$OUT/overlap.txt" | tail -n 6 | tee -a "$log"
+  ;;
+*) echo "usage: bash bench/session20.sh a|b|c" >&2; exit 2 ;;
 esac
 stamp "done"
