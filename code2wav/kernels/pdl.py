@@ -1,12 +1,15 @@
 """Programmatic dependent launch (PDL): each kernel here may be launched while the one before it
 in the stream is still finishing.
 
-A step is ~200 kernels, most of them small at one frame, so the GPU's gap between one kernel's
-end and the next one's start (its launch, its programs' placement, their prologue) is a large
-part of a small step's replay. On sm90 and later a launch with the programmatic-serialization
-attribute (Triton's ``launch_pdl``) lets the next kernel be placed as soon as every program of
-the current one has signalled (``gdc_launch_dependents``); it then waits in ``gdc_wait`` until
-the current kernel has finished and its writes are visible. CUDA graphs keep these edges.
+A step is ~200 kernels, most of them small at one frame, so if the GPU's gap between one
+kernel's end and the next one's start (its launch, its programs' placement, their prologue) were
+a large part of a small step's replay, overlapping them would pay. On sm90 and later a launch
+with the programmatic-serialization attribute (Triton's ``launch_pdl``) lets the next kernel be
+placed as soon as every program of the current one has signalled (``gdc_launch_dependents``); it
+then waits in ``gdc_wait`` until the current kernel has finished and its writes are visible. CUDA
+graphs keep these edges. Measured on the H200 it did not pay (BENCHMARKS.md, session 20: the
+replays were no faster at one frame, slightly slower at 16-20 x 25), so ``LayerChoices.pdl`` is
+off; the knob stays for the A/B on other GPUs.
 
 The contract, kept by :func:`wait_previous` as every such kernel's first statement: a kernel
 launched this way touches no memory before its ``gdc_wait``. Kernels without the attribute
