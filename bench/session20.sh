@@ -47,7 +47,7 @@ c)
   ;;
 d)
   stamp "units reading their taps vs after the concat: replay and audio"
-  timeout "$(left 230)" python3 bench/unit_reads.py bfloat16 50 2>&1 | tee "$OUT/unit_reads.txt" | tail -n 12 | tee -a "$log"
+  timeout "$(left 175)" python3 bench/unit_reads.py bfloat16 50 2>&1 | tee "$OUT/unit_reads.txt" | tail -n 12 | tee -a "$log"
   ;;
 *) echo "usage: bash bench/session20.sh a|b|c|d" >&2; exit 2 ;;
 esac
