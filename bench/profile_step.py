@@ -27,7 +27,6 @@ SUFFIXES = {
     "skinny": ("skinny", lambda v: v != "0"),
     "skinnyhalf": ("skinny_half", lambda v: v != "0"),
     "pdl": ("pdl", lambda v: v != "0"),
-    "unitreads": ("unit_conv_reads", lambda v: v != "0"),
     "unitfill": ("unit_fill_sms", lambda v: v != "0"),
     "gemmrows": ("conv_gemm_rows", int),
     "unitconv": ("unit_conv_rows", int),

@@ -278,52 +278,6 @@ def test_unit_conv_matches_the_unit_ops(monkeypatch, form, C, d, tma):
     assert close(unit_conv.unit_conv(*args), ref, 1e-5)
 
 
-@pytest.mark.parametrize("form", ["samples", "channels"])
-@pytest.mark.parametrize(("C", "d"), [(96, 3), (48, 9), (32, 1)])
-@pytest.mark.parametrize("pooled", [True, False], ids=["step", "whole-forward"])
-def test_unit_conv_reading_its_input_equals_the_concat_path(form, C, d, pooled):
-    """The one-kernel unit that reads its taps itself (the history from the pool rows of each
-    batch row's slot, SnakeBeta of the input computed per tap; zeros for the history in a
-    whole forward) equals the same kernel after the written history concat, and leaves the
-    pool as it was (the write comes after it)."""
-    g = torch.Generator().manual_seed(9)
-    tiles = unit_conv.ConvTiles(16, 16, 4, 2, form)
-    B, L, H = 3, 37, 6 * d
-    (_, x, w1, _, b1, a2, be2, w2, b2), _ = _unit_case(C, d, B, L, g)
-    act1 = (torch.randn(C, generator=g) * 0.3, torch.randn(C, generator=g) * 0.3)
-    pool = torch.randn(5, C, H, generator=g) if pooled else None
-    slots = torch.tensor([4, 0, 2]) if pooled else None
-    xx = history.history_cat(x, H, pool, slots, act1)  # no n_new: reads the pool, writes nothing
-    ref = unit_conv.unit_conv(xx, x, w1, d, b1, a2, be2, w2, b2, tiles=tiles)
-    before = pool.clone() if pooled else None
-    y = unit_conv.unit_conv_reading(x, act1, pool, slots, w1, d, b1, a2, be2, w2, b2, tiles=tiles)
-    assert close(y, ref, 1e-6) and snake.is_channels_last(y)
-    if pooled:
-        assert torch.equal(pool, before)
-    with pytest.raises(ValueError, match="pointer-load tiles"):
-        unit_conv.unit_conv_reading(x, act1, pool, slots, w1, d, b1, a2, be2, w2, b2, tiles=unit_conv.ConvTiles(16, 16, 4, 2, tma=True))
-
-
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("act", [False, True], ids=["plain", "snake"])
-def test_history_update_writes_what_the_concat_writes(monkeypatch, layout, act):
-    """The history write alone leaves every slot as the history concat's write does: rows whose
-    new samples outnumber the history, rows that keep part of their old history (few new
-    frames), and a padding row on the scratch slot with none, which keeps it."""
-    monkeypatch.setattr(history, "HISTORY_TILE", 64)  # several history programs and chunks
-    g = torch.Generator().manual_seed(10)
-    C, H, rate = 24, 18, 4
-    x = laid_out(torch.randn(4, C, 7 * rate, generator=g), layout)
-    params = (torch.randn(C, generator=g) * 0.3, torch.randn(C, generator=g) * 0.3) if act else None
-    pool = torch.randn(6, C, H, generator=g)
-    slots, n_new = torch.tensor([3, 0, 5, 1]), torch.tensor([7, 2, 0, 4])
-    expected, got = pool.clone(), pool.clone()
-    history.history_cat(x, H, expected, slots, params, n_new=n_new, rate=rate)
-    history.history_update(x, H, got, slots, params, n_new, rate)
-    assert torch.equal(got, expected)
-    assert not torch.equal(got, pool)
-
-
 def test_unit_conv_refuses_what_it_cannot_compute():
     """A history concat shorter than the conv reads, a K slice that does not divide the
     channels, a width the samples form cannot split (80 = 64 + 16 can, 112 = 64 + 48 not; the
@@ -429,16 +383,14 @@ def test_convt_pairs_refuse_and_apply(monkeypatch):
     assert not convt.applies(torch.randn(5, 96, generator=g), 1)  # a K slice of 64 does not divide 96 channels
 
 
-@pytest.mark.parametrize("layout", [*LAYOUTS, "channels_last, one-kernel units and ConvTransposes",
-                                    "channels_last, one-kernel units reading their inputs"])
+@pytest.mark.parametrize("layout", [*LAYOUTS, "channels_last, one-kernel units and ConvTransposes"])
 def test_streaming_steps_through_the_kernels_equal_eager(monkeypatch, layout):
     """A prefixed stream and a cold one, stepped together with ragged chunks, through every fused
     kernel (the few-row float32 products included; and, channels-last, channels-last convs; and
     the residual units as one kernel, at the shrunk model's 32- and 16-channel blocks in both
     forms, with the ConvTransposes as one GEMM each): the prefill and the steps give the same
     audio as the eager path."""
-    reads = layout.endswith("reading their inputs")
-    one_kernel = reads or layout.endswith("one-kernel units and ConvTransposes")
+    one_kernel = layout.endswith("one-kernel units and ConvTransposes")
     units, pairs = [], []
     if one_kernel:
         # Large row tiles: the interpreter runs programs one by one (tile edges: the unit tests above).
@@ -446,8 +398,6 @@ def test_streaming_steps_through_the_kernels_equal_eager(monkeypatch, layout):
         monkeypatch.setitem(unit_conv.TILES, 16, unit_conv.ConvTiles(256, 16, 4, 2, "channels"))
         real_unit_conv = unit_conv.unit_conv
         monkeypatch.setattr(unit_conv, "unit_conv", lambda xx, x, *a, **k: (units.append(x.shape[1]), real_unit_conv(xx, x, *a, **k))[1])
-        real_reading = unit_conv.unit_conv_reading
-        monkeypatch.setattr(unit_conv, "unit_conv_reading", lambda x, *a, **k: (units.append(-x.shape[1]), real_reading(x, *a, **k))[1])
         for c in (64, 32, 16, 8):  # the shrunk model's blocks
             monkeypatch.setitem(convt.TILES, c, convt.PairTiles(256, 64, 8, 4, 2))
         real_pairs = convt.convt_pairs
@@ -472,11 +422,11 @@ def test_streaming_steps_through_the_kernels_equal_eager(monkeypatch, layout):
                                                                     real_matmul(x, w, *a, **k))[1])
     fused_model = m if layout == "contiguous" else _channels_last_copy(m)
     if one_kernel:
-        fused_model.set_layer_choices(replace(fused_model.layer_choices, convt_kernel_rows=1, unit_conv_reads=reads))
+        fused_model.set_layer_choices(replace(fused_model.layer_choices, convt_kernel_rows=1))
     fused, fused_pool = run(fused_model)
     assert any(ran for ran, _ in products)  # the 1-frame step's transformer and upsampler products
     assert any(gated for _, gated in products)  # its MLPs' silu * up inside the down projection
-    assert sorted(set(units)) == ([-32, -16] if reads else [16, 32] if one_kernel else [])
+    assert sorted(set(units)) == ([16, 32] if one_kernel else [])
     assert sorted(set(pairs)) == ([8, 16, 32, 64] if one_kernel else [])
     monkeypatch.setattr(snake, "fused", lambda x: False)
     eager, eager_pool = run(m)

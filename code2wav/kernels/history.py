@@ -60,7 +60,7 @@ if triton is not None:
         C, H, T, T_OUT, RATE, sob, soc, sot, sxb, sxc, sxt, spn, spc, spt,
         HAS_POOL: tl.constexpr, WRITE: tl.constexpr, HAS_ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
         FAST_SIN: tl.constexpr, SPLIT: tl.constexpr, HIST_C: tl.constexpr, CHUNKS: tl.constexpr, BLOCK_H: tl.constexpr,
-        BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr, OUT: tl.constexpr, PDL: tl.constexpr,
+        BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr,
     ):
         wait_previous(PDL)  # before any memory access (kernels/pdl.py)
         # Grid (time tiles, channel tiles, rows). With a pool, time tiles 0 .. SPLIT - 1 are the
@@ -80,8 +80,7 @@ if triton is not None:
                 for i in tl.static_range(CHUNKS):  # increasing j: no chunk reads a position an earlier one wrote
                     j = i * BLOCK_H + tl.arange(0, BLOCK_H)[:, None]
                     m = (j < H) & (hc < C)
-                    if OUT:
-                        old = tl.load(pool_row + j * spt, mask=m, other=0.0).to(tl.float32)
+                    old = tl.load(pool_row + j * spt, mask=m, other=0.0).to(tl.float32)
                     if WRITE:
                         src = start + j  # where the new history's sample j sits in the output
                         kept = tl.load(pool_row + src * spt, mask=m & (src < H), other=0.0).to(tl.float32)
@@ -91,8 +90,7 @@ if triton is not None:
                         new = tl.where(src < H, kept, new).to(out_ptr.dtype.element_ty)
                         tl.debug_barrier()  # all of this chunk's pool loads before any store to it
                         tl.store(pool_row + j * spt, new.to(pool_ptr.dtype.element_ty), mask=m)
-                    if OUT:
-                        tl.store(out_row + j * sot, old.to(out_ptr.dtype.element_ty), mask=m)
+                    tl.store(out_row + j * sot, old.to(out_ptr.dtype.element_ty), mask=m)
             else:
                 t = H + (tl.program_id(0) - SPLIT) * BLOCK_L + tl.arange(0, BLOCK_L)[:, None]
                 _new_tile(out_ptr + b * sob + c * soc, x_ptr, alpha_ptr, beta_ptr, bias_ptr, b, c, t, c < C,
@@ -157,31 +155,9 @@ def history_cat(x: Tensor, history: int, pool: Tensor | None = None, slots: Tens
         C, history, T, T_out, rate, *out.stride(), *x.stride(), *(pool.stride() if pool is not None else (0, 0, 0)),
         HAS_POOL=pool is not None, WRITE=write, HAS_ACT=act is not None, HAS_BIAS=bias is not None,
         FAST_SIN=fast_sin(x), SPLIT=split, HIST_C=hist_c, CHUNKS=triton.cdiv(history, bh), BLOCK_H=bh,
-        BLOCK_L=bl, BLOCK_C=bc, OUT=True, num_warps=snake.NUM_WARPS, **pdl.options(x),
+        BLOCK_L=bl, BLOCK_C=bc, num_warps=snake.NUM_WARPS, **pdl.options(x),
     )
     return out
-
-
-def history_update(x: Tensor, history: int, pool: Tensor, slots: Tensor, act: tuple[Tensor, Tensor] | None,
-                   n_new: Tensor, rate: int) -> None:
-    """The pool write of :func:`history_cat` alone, for a consumer that read the old history and
-    ``act(x)`` itself (``unit_conv.unit_conv_reading``) and ran before this: each row's new
-    history, the last ``history`` samples of its valid part of ``[pool[slots], act(x)]``, goes
-    to its slot. Only the history programs run; no concat is written."""
-    B, C, L = x.shape
-    if not snake.fused(x) or B * C * (history + L) >= 2**31:
-        history_cat(x, history, pool, slots, act, n_new=n_new, rate=rate)  # its concat is dropped
-        return
-    dummy = x  # never read: the flags below switch those loads off
-    alpha, beta = act if act is not None else (dummy, dummy)
-    bl, bc = tile_shape(C, history + L, is_channels_last(x))
-    split, hist_c, bh = _history_programs(history, min(bc, triton.next_power_of_2(C)))
-    _history_cat_kernel[(split, triton.cdiv(C, bc), B)](
-        x, x, pool, slots, n_new, alpha, beta, dummy, C, history, history + L, history + L, rate, 0, 0, 0, *x.stride(),
-        *pool.stride(), HAS_POOL=True, WRITE=True, HAS_ACT=act is not None, HAS_BIAS=False, FAST_SIN=fast_sin(x), SPLIT=split,
-        HIST_C=hist_c, CHUNKS=triton.cdiv(history, bh), BLOCK_H=bh, BLOCK_L=bl, BLOCK_C=bc, OUT=False,
-        num_warps=snake.NUM_WARPS, **pdl.options(x),
-    )
 
 
 def window(x: Tensor, start: Tensor, length: int, dim: int) -> Tensor:

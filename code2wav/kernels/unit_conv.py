@@ -112,33 +112,11 @@ if triton is not None:
         return rm, mmask, b, t, xx_rows, x_rows, desc, row0
 
     @triton.jit
-    def _tap(xx_ptr, x_ptr, hist_ptr, slots_ptr, alpha1_ptr, beta1_ptr, b, t, mmask, xx_rows, rk, j, D, H,
-             sxb, shn, shc, sht, C: tl.constexpr, READS: tl.constexpr, HAS_POOL: tl.constexpr,
-             FAST_SIN: tl.constexpr):
-        """Tap ``j``'s input tile: position ``t + j * D`` of ``[history, snake(x)]`` for input
-        channels ``rk`` (the tile's shape is the broadcast of ``t`` and ``rk``). ``READS`` is
-        ``"xx"`` (the concat, written by kernels/history.py) or ``"x"``: the history from the
-        pool (zeros without one) and SnakeBeta of ``x`` computed here, rounded to ``x``'s dtype
-        as the concat holds it."""
-        if READS == "xx":
-            return tl.load(xx_ptr + xx_rows + j * D * C + rk, mask=mmask, other=0.0)
-        p = t + j * D
-        new = p >= H
-        xv = tl.load(x_ptr + b.to(tl.int64) * sxb + (p - H) * C + rk, mask=mmask & new, other=0.0).to(tl.float32)
-        a1, inv_b1 = snake_params(alpha1_ptr, beta1_ptr, rk, C)
-        a = snake_value(xv, a1, inv_b1, FAST_SIN).to(x_ptr.dtype.element_ty)
-        if HAS_POOL:
-            slot = tl.load(slots_ptr + b, mask=mmask, other=0).to(tl.int64)
-            old = tl.load(hist_ptr + slot * shn + rk * shc + p * sht, mask=mmask & (p < H), other=0.0)
-            return tl.where(new, a, old.to(x_ptr.dtype.element_ty))
-        return tl.where(new, a, tl.zeros_like(a))
-
-    @triton.jit
     def _unit_conv_kernel(xx_ptr, x_ptr, w1_ptr, w2_ptr, y_ptr, b1_ptr, alpha_ptr, beta_ptr, b2_ptr,
-                          hist_ptr, slots_ptr, alpha1_ptr, beta1_ptr, M, L, D, H, sxxb, sxb, shn, shc, sht, s1n, s1k, s1t, s2n, s2k,
+                          M, L, D, sxxb, sxb, s1n, s1k, s1t, s2n, s2k,
                           C: tl.constexpr, CA: tl.constexpr, CB: tl.constexpr, TAPS: tl.constexpr,
                           FAST_SIN: tl.constexpr, NUM_STAGES: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr, READS: tl.constexpr, HAS_POOL: tl.constexpr, PDL: tl.constexpr):
+                          BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr):
         wait_previous(PDL)  # before any memory access (kernels/pdl.py)
         HAS_B: tl.constexpr = CB > 0
         CBP: tl.constexpr = CB if CB > 0 else 16  # a shape for the unused second half
@@ -154,8 +132,7 @@ if triton is not None:
             if TMA:
                 a = desc.load([row0 + j * D, (i % KCH) * BLOCK_K])
             else:
-                a = _tap(xx_ptr, x_ptr, hist_ptr, slots_ptr, alpha1_ptr, beta1_ptr, b, t, mmask, xx_rows, rk, j, D, H,
-                         sxb, shn, shc, sht, C, READS, HAS_POOL, FAST_SIN)
+                a = tl.load(xx_ptr + xx_rows + j * D * C + rk, mask=mmask, other=0.0)
             wk = w1_ptr + tl.trans(rk) * s1k + j * s1t  # [BK, 1]: W1[n, k, j]
             acc_a = tl.dot(a, tl.load(wk + na * s1n), acc_a)
             if HAS_B:
@@ -180,10 +157,10 @@ if triton is not None:
 
     @triton.jit
     def _unit_conv_t_kernel(xx_ptr, x_ptr, w1_ptr, w2_ptr, y_ptr, b1_ptr, alpha_ptr, beta_ptr, b2_ptr,
-                            hist_ptr, slots_ptr, alpha1_ptr, beta1_ptr, M, L, D, H, sxxb, sxb, shn, shc, sht, s1n, s1k, s1t, s2n, s2k,
+                            M, L, D, sxxb, sxb, s1n, s1k, s1t, s2n, s2k,
                             C: tl.constexpr, CP: tl.constexpr, TAPS: tl.constexpr,
                             FAST_SIN: tl.constexpr, NUM_STAGES: tl.constexpr,
-                            BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr, READS: tl.constexpr, HAS_POOL: tl.constexpr, PDL: tl.constexpr):
+                            BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr):
         """The same unit, transposed: ``acc[n, m]`` over output channels ``n`` (``C`` padded to
         ``CP``; the padding's weights load as zero, so its rows stay zero) and samples ``m``."""
         wait_previous(PDL)  # before any memory access (kernels/pdl.py)
@@ -199,8 +176,7 @@ if triton is not None:
             if TMA:
                 a = tl.trans(desc.load([row0 + j * D, (i % KCH) * BLOCK_K]))  # [BK, BM]
             else:
-                a = _tap(xx_ptr, x_ptr, hist_ptr, slots_ptr, alpha1_ptr, beta1_ptr, b, t, mmask, xx_cols, rk[:, None], j, D, H,
-                         sxb, shn, shc, sht, C, READS, HAS_POOL, FAST_SIN)  # [BK, BM]
+                a = tl.load(xx_ptr + xx_cols + j * D * C + rk[:, None], mask=mmask, other=0.0)  # [BK, BM]
             acc = tl.dot(w, a, acc)
         h = _snake_rounded(acc, n, b1_ptr, alpha_ptr, beta_ptr, C, FAST_SIN, w2_ptr.dtype.element_ty)
         k2 = tl.arange(0, CP)[None, :]
@@ -232,45 +208,18 @@ def unit_conv(xx: Tensor, x: Tensor, w1: Tensor, dilation: int, b1: Tensor, alph
     + b1), w2)`` with ``w1`` the dilated conv's ``[C, C, k]`` weight and ``w2`` the 1x1 conv's
     ``[C, C, 1]``; SnakeBeta's ``alpha``/``beta`` are the second activation's. Returns a new
     channels-last tensor. ``tiles`` is for ``bench/unit_conv.py``'s sweep; by default ``TILES[C]``."""
-    L, taps = x.shape[-1], w1.shape[-1]
+    B, C, L = x.shape
+    taps = w1.shape[-1]
     if xx.shape[-1] < L + (taps - 1) * dilation:
         raise ValueError(f"xx has {xx.shape[-1]} samples, the conv needs {L + (taps - 1) * dilation}")
-    t = _checked(x.shape[1], tiles)
-    if t.tma and xx.stride(0) != xx.shape[-1] * x.shape[1]:
-        raise ValueError("tiles with tma=True read xx as dense [B, T, C] rows: give a dense channels-last xx")
-    return _launch(t, xx, x, w1, dilation, b1, alpha, beta, w2, b2)
-
-
-def unit_conv_reading(x: Tensor, act1: tuple[Tensor, Tensor], pool: Tensor | None, slots: Tensor | None, w1: Tensor,
-                      dilation: int, b1: Tensor, alpha: Tensor, beta: Tensor, w2: Tensor, b2: Tensor,
-                      tiles: ConvTiles | None = None) -> Tensor:
-    """:func:`unit_conv` with no concat written before it (``LayerChoices.unit_conv_reads``):
-    each tap's tile is read from the unit's input itself, the history from ``pool[slots]``
-    (``[slots, C, H]``, the conv's state entry; None: zeros, as in a whole forward) and the new
-    samples as ``snake(x)`` with the first activation's ``act1 = (alpha, beta)``, computed here.
-    The pool is only read: the new history is written after this (``history.history_update``).
-    ``tiles`` must not read through descriptors (``tma``)."""
-    t = _checked(x.shape[1], tiles)
-    if t.tma:
-        raise ValueError("tiles with tma=True read a written concat: unit_conv_reading takes pointer-load tiles")
-    return _launch(t, x, x, w1, dilation, b1, alpha, beta, w2, b2, act1=act1, pool=pool, slots=slots)
-
-
-def _checked(C: int, tiles: ConvTiles | None) -> ConvTiles:
     t = tiles or TILES[C]
     if t.form not in ("samples", "channels"):
         raise ValueError(f"form must be 'samples' or 'channels', got {t.form!r}")
     if not computes(C, t):
         raise ValueError(f"tiles {t} cannot compute {C} channels (the K slice must divide them; "
                          f"the samples form needs C - {split(C)[0]} to be 0 or a power of two >= 16)")
-    return t
-
-
-def _launch(t: ConvTiles, xx: Tensor, x: Tensor, w1: Tensor, dilation: int, b1: Tensor, alpha: Tensor, beta: Tensor,
-            w2: Tensor, b2: Tensor, act1: tuple[Tensor, Tensor] | None = None, pool: Tensor | None = None,
-            slots: Tensor | None = None) -> Tensor:
-    B, C, L = x.shape
-    taps = w1.shape[-1]
+    if t.tma and xx.stride(0) != xx.shape[-1] * C:
+        raise ValueError("tiles with tma=True read xx as dense [B, T, C] rows: give a dense channels-last xx")
     ca, cb = split(C)
     M = B * L
     y = torch.empty(B, L, C, device=x.device, dtype=x.dtype).transpose(1, 2)
@@ -278,13 +227,10 @@ def _launch(t: ConvTiles, xx: Tensor, x: Tensor, w1: Tensor, dilation: int, b1: 
     grid = (triton.cdiv(L, block_m), B) if t.tma else (triton.cdiv(M, block_m),)
     if t.tma and x.is_cuda:
         _descriptor_scratch()
-    alpha1, beta1 = act1 if act1 is not None else (alpha, beta)  # (unread with READS="xx")
-    hist = pool if pool is not None else x
-    common = (xx, x, w1, w2, y, b1, alpha, beta, b2, hist, slots if slots is not None else x, alpha1, beta1,
-              M, L, dilation, (taps - 1) * dilation, xx.stride(0), x.stride(0), *(pool.stride() if pool is not None else (0, 0, 0)),
+    common = (xx, x, w1, w2, y, b1, alpha, beta, b2, M, L, dilation, xx.stride(0), x.stride(0),
               w1.stride(0), w1.stride(1), w1.stride(2), w2.stride(0), w2.stride(1))
     shared = dict(TAPS=taps, FAST_SIN=fast_sin(x), NUM_STAGES=t.num_stages, BLOCK_M=block_m, BLOCK_K=t.block_k, TMA=t.tma,
-                  READS="x" if act1 is not None else "xx", HAS_POOL=pool is not None, num_warps=t.num_warps, **pdl.options(x))
+                  num_warps=t.num_warps, **pdl.options(x))
     if t.form == "channels":
         _unit_conv_t_kernel[grid](*common, C=C, CP=triton.next_power_of_2(C), **shared)
     else:

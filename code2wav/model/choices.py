@@ -41,10 +41,6 @@ class LayerChoices:
     # output samples (rows x time at the unit's rate; 0: never, cuDNN's conv then the fused
     # tail). 1: every step, at the widths kernels/unit_conv.TILES has tiles for.
     unit_conv_rows: int = 1
-    # That kernel reads its taps from the unit's input itself (kernels/unit_conv.unit_conv_reading):
-    # the history from the pool, SnakeBeta of the new samples computed per tap, so no concat is
-    # written and read back; a history-only pass writes the new history after it.
-    unit_conv_reads: bool = False
     # A ConvTranspose upsampler with history (k = 2s) as one Triton GEMM over row pairs
     # (kernels/convt.py) in steps of at least this many input rows (0: never; its two cuBLAS
     # products, the second reading the output back). 1: every step, at the widths

@@ -231,15 +231,8 @@ class ResidualUnit(nn.Module):
     def forward(self, x: Tensor, step: Step | None = None) -> Tensor:
         if unit_conv.applies(x, self.choices.unit_conv_rows):  # the history concat, then the rest in one kernel
             c1 = self.conv1.conv
-            rest = (c1.weight, c1.dilation[0], c1.bias, self.act2.alpha, self.act2.beta, self.conv2.conv.weight, self.conv2.conv.bias)
-            if not self.choices.unit_conv_reads:
-                return unit_conv.unit_conv(self.conv1._with_history(x, step, self.act1), x, *rest)
-            # No concat: the kernel reads the pool and snake(x) itself; the new history after it.
-            pool = step.pool[self.conv1.state_key] if step is not None else None
-            y = unit_conv.unit_conv_reading(x, (self.act1.alpha, self.act1.beta), pool, step.slots if step is not None else None, *rest)
-            if step is not None:
-                self.conv1._write_history(x, step, self.act1)
-            return y
+            return unit_conv.unit_conv(self.conv1._with_history(x, step, self.act1), x, c1.weight, c1.dilation[0], c1.bias,
+                                       self.act2.alpha, self.act2.beta, self.conv2.conv.weight, self.conv2.conv.bias)
         h = self.conv1(x, step, add_bias=False, act=self.act1)
         if unit.applies(x, h):  # conv1's bias, act2, conv2 and the residual in one pass (conv2 has no state)
             return unit.unit_tail(h, x, self.conv2.conv.weight, self.conv1.conv.bias, self.act2.alpha, self.act2.beta, self.conv2.conv.bias,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from code2wav.kernels.history import history_cat, history_update
+from code2wav.kernels.history import history_cat
 
 
 @dataclass
@@ -70,12 +70,6 @@ class StreamingLayer(nn.Module):
             return history_cat(x, self.history, act=params, bias=bias, multiple=multiple)
         return history_cat(x, self.history, step.pool[self.state_key], step.slots, params, bias, multiple,
                            n_new=step.n_new, rate=self.rate)
-
-    def _write_history(self, x: Tensor, step: Step, act: "nn.Module | None" = None) -> None:
-        """The write-back of :meth:`_with_history` alone, for a kernel that read this layer's
-        history and ``act(x)`` itself (and ran before this)."""
-        params = (act.alpha, act.beta) if act is not None else None
-        history_update(x, self.history, step.pool[self.state_key], step.slots, params, step.n_new, self.rate)
 
 
 def assign_state_keys(model: nn.Module) -> None:
