@@ -10,6 +10,10 @@
 #                               worker's host work on a lone stream's first packets under cProfile
 #   bash bench/session20.sh c   a step's front and back as two graphs on two CUDA streams, the
 #                               next step's front beside this step's back (bench/overlap.py)
+#   bash bench/session20.sh d   the one-kernel units reading their taps themselves (no concat:
+#                               LayerChoices.unit_conv_reads) vs the default: graph replay per shape
+#                               and the same steps' audio both ways (bench/unit_reads.py; at f02966b:
+#                               the knob and the script were reverted after it, BENCHMARKS.md)
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 left() { echo $(($1 - (SECONDS - T0))); }  # seconds left of a $1-second call
@@ -42,14 +46,10 @@ c)
   stamp "front and back graphs on two streams: serial vs pipelined"
   timeout "$(left 290)" python3 bench/overlap.py 10x25,16x25,20x25 50 2>&1 | tee "$OUT/overlap.txt" | tail -n 6 | tee -a "$log"
   ;;
-<<<<<<< HEAD
 d)
   stamp "units reading their taps vs after the concat: replay and audio"
   timeout "$(left 175)" python3 bench/unit_reads.py bfloat16 50 2>&1 | tee "$OUT/unit_reads.txt" | tail -n 12 | tee -a "$log"
   ;;
 *) echo "usage: bash bench/session20.sh a|b|c|d" >&2; exit 2 ;;
-=======
-*) echo "usage: bash bench/session20.sh a|b|c" >&2; exit 2 ;;
->>>>>>> parent of 5f42170 (unit_conv_reading: the one-kernel unit reads its history and snake(x) itself, no concat written (LayerChoices.unit_conv_reads, off); history_update writes the pool alone; bench/unit_reads.py)
 esac
 stamp "done"
