@@ -86,7 +86,8 @@ def main() -> int:
         ref = m64(codes[:120].T[None])[0, 0][40 * SPF :]
     m32c = load(weights, torch.float32, "cuda", channels_last=False)
     for name, mod in (("contiguous", m32c), ("channels-last", m32)):
-        err = ((graph_stream(mod, codes).double() - ref).abs().max() / ref.abs().max()).item()
+        s32 = graph_stream(mod, codes).double()  # m32's, the last, is compared again in the PDL check
+        err = ((s32 - ref).abs().max() / ref.abs().max()).item()
         check(f"graph fp32 stream ({name} convs) vs fp64 forward", err <= 1e-4, f"max err / peak {err:.2e} (prefix 40, chunks 1,25,25,25,4)")
     del m32c
 
@@ -144,11 +145,10 @@ def main() -> int:
     # 3a'''. Kernels launched with PDL (LayerChoices.pdl, kernels/pdl.py) or plainly: whichever the
     # default does not pick, the fp32 stream through graphs within the bound of check 2, and how
     # far it lies from the default's (the same kernels in the same order: a race would show here).
-    s_default = graph_stream(m32, codes).double()
     other = replace(m32.layer_choices, pdl=not m32.layer_choices.pdl)
     s_other = graph_stream(load(weights, torch.float32, "cuda", layers=other), codes).double()
     err_other = ((s_other - ref).abs().max() / ref.abs().max()).item()
-    apart = ((s_other - s_default).abs().max() / ref.abs().max()).item()
+    apart = ((s_other - s32).abs().max() / ref.abs().max()).item()
     check(f"pdl={other.pdl}: graph fp32 stream vs fp64 forward", err_other <= 1e-4,
           f"max err / peak {err_other:.2e}; from the default's stream {apart:.2e}")
     # 3b. Every residual unit as one kernel (LayerChoices.unit_conv_rows=1: at every step size

@@ -59,8 +59,7 @@ def _capable(index: int) -> bool:
 def options(x: Tensor) -> dict[str, Any]:
     """Launch keywords for a kernel that takes a ``PDL`` constexpr: on where this thread asked
     for it (:func:`launches`) and ``x`` is on an sm90+ GPU (never in Triton's interpreter)."""
-    on = bool(getattr(_local, "on", False)) and x.is_cuda and _capable(x.device.index if x.device.index is not None
-                                                                       else torch.cuda.current_device())
+    on = getattr(_local, "on", False) and x.is_cuda and _capable(x.device.index)  # a CUDA tensor's device has its index
     return {"PDL": on, "launch_pdl": on}
 
 
