@@ -258,24 +258,32 @@ def _unit_case(C: int, d: int, B: int, L: int, g: torch.Generator, extra: int = 
     return (xx, x, w1, d, b1, a2, be2, w2, b2), ref
 
 
-@pytest.mark.parametrize("tma", [False, True], ids=["pointer-loads", "tma"])
+@pytest.mark.parametrize("loads", ["pointers", "tma", "tma-w", "tma-both-ws"])
 @pytest.mark.parametrize("form", ["samples", "channels"])
 @pytest.mark.parametrize(("C", "d"), [(96, 3), (48, 9), (32, 1)])
-def test_unit_conv_matches_the_unit_ops(monkeypatch, form, C, d, tma):
+def test_unit_conv_matches_the_unit_ops(monkeypatch, form, C, d, loads):
     """A residual unit as one kernel after its history concat (the dilated conv, conv1's bias,
     SnakeBeta, the 1x1 conv and the residual) equals the ops one by one: widths split in two
     power-of-two parts (96 = 64 + 32, 48 = 32 + 16) or padded to one (the channels form) and a
     power of two (32); row tiles that straddle batch rows (pointer loads; with ``tma`` a
     program stays in one batch row, its last tile reading past the row's end, masked) and a
     sample count no tile divides; a history concat longer than the conv reads (a folded
-    conv's padding)."""
+    conv's padding). With ``tma_w`` the channels-last weights come through descriptors (the
+    channels form's padded rows past ``C`` read as zero); ``ws`` warp-specializes the K loop."""
     g = torch.Generator().manual_seed(7)
-    tiles = unit_conv.ConvTiles(16, 16, 4, 2, form, tma)
+    tiles = unit_conv.ConvTiles(16, 16, 4, 2, form, tma=loads in ("tma", "tma-both-ws"), tma_w=loads.startswith("tma-"),
+                                ws=loads == "tma-both-ws")
     args, ref = _unit_case(C, d, 3, 37, g, extra=d)
+    if tiles.tma_w:
+        args = (args[0], args[1], snake.to_layout(args[2], True), *args[3:])
     y = unit_conv.unit_conv(*args, tiles=tiles)
     assert close(y, ref, 1e-5) and snake.is_channels_last(y)
     monkeypatch.setitem(unit_conv.TILES, C, tiles)  # the default tiles of a width
     assert close(unit_conv.unit_conv(*args), ref, 1e-5)
+    # Default tiles whose descriptors the tensors do not fit fall back to pointer loads: a
+    # trimmed concat (rows not one block apart), contiguous weights.
+    trimmed = (args[0][..., : args[0].shape[-1] - 1], args[1], args[2].contiguous(), *args[3:])
+    assert close(unit_conv.unit_conv(*trimmed), ref, 1e-5)
 
 
 def test_unit_conv_refuses_what_it_cannot_compute():
@@ -293,6 +301,8 @@ def test_unit_conv_refuses_what_it_cannot_compute():
         unit_conv.unit_conv(xx, *rest, tiles=unit_conv.ConvTiles(16, 16, 4, 2, "rows"))
     with pytest.raises(ValueError, match="dense"):  # a trimmed view: its rows are not one block apart
         unit_conv.unit_conv(xx[..., :-1], *rest[:2], 2, *rest[3:], tiles=unit_conv.ConvTiles(16, 16, 4, 2, tma=True))
+    with pytest.raises(ValueError, match="channels-last weights"):  # [C, C, k] contiguous: k is the fast axis
+        unit_conv.unit_conv(xx, *rest, tiles=unit_conv.ConvTiles(16, 16, 4, 2, tma_w=True))
 
 
 def test_unit_conv_applies_where_it_has_tiles_and_enough_samples(monkeypatch):

@@ -23,7 +23,7 @@ to a power of two and puts the samples on the wide N side, which the tensor core
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -47,7 +47,9 @@ class ConvTiles:
     num_warps: int
     num_stages: int
     form: Literal["samples", "channels"] = "samples"
-    tma: bool = False
+    tma: bool = False  # the input windows through tensor descriptors (bulk copies), not pointer loads
+    tma_w: bool = False  # the dilated conv's weights likewise (they must be channels-last, [C, k, C] rows)
+    ws: bool = False  # the K loop warp-specialized (Triton's: a producer warp's copies feed the MMA warps)
 
 
 # Per channel count, from bench/unit_conv.py's sweep (bf16, 16 x 25 frames; figures in
@@ -112,11 +114,22 @@ if triton is not None:
         return rm, mmask, b, t, xx_rows, x_rows, desc, row0
 
     @triton.jit
+    def _weight_desc(w1_ptr, C: tl.constexpr, TAPS: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, TMA_W: tl.constexpr):
+        """A descriptor over a channels-last ``W1`` as the matrix ``[C, TAPS * C]`` (row ``n``,
+        column ``j * C + k``) in ``[ROWS, BLOCK_K]`` blocks; 0 without ``TMA_W``."""
+        if TMA_W:
+            desc = tl.make_tensor_descriptor(w1_ptr, shape=[C, TAPS * C], strides=[TAPS * C, 1], block_shape=[ROWS, BLOCK_K])
+        else:
+            desc = 0
+        return desc
+
+    @triton.jit
     def _unit_conv_kernel(xx_ptr, x_ptr, w1_ptr, w2_ptr, y_ptr, b1_ptr, alpha_ptr, beta_ptr, b2_ptr,
                           M, L, D, sxxb, sxb, s1n, s1k, s1t, s2n, s2k,
                           C: tl.constexpr, CA: tl.constexpr, CB: tl.constexpr, TAPS: tl.constexpr,
                           FAST_SIN: tl.constexpr, NUM_STAGES: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr):
+                          BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr, TMA_W: tl.constexpr,
+                          WS: tl.constexpr, PDL: tl.constexpr):
         wait_previous(PDL)  # before any memory access (kernels/pdl.py)
         HAS_B: tl.constexpr = CB > 0
         CBP: tl.constexpr = CB if CB > 0 else 16  # a shape for the unused second half
@@ -126,17 +139,24 @@ if triton is not None:
         nb = CA + tl.arange(0, CBP)[None, :]
         acc_a = tl.zeros([BLOCK_M, CA], dtype=tl.float32)
         acc_b = tl.zeros([BLOCK_M, CBP], dtype=tl.float32)
-        for i in tl.range(0, TAPS * KCH, num_stages=NUM_STAGES):  # tap j, input channels [k0, k0 + BK)
+        wd_a = _weight_desc(w1_ptr, C, TAPS, CA, BLOCK_K, TMA_W)
+        wd_b = _weight_desc(w1_ptr, C, TAPS, CBP, BLOCK_K, TMA_W)
+        for i in tl.range(0, TAPS * KCH, num_stages=NUM_STAGES, warp_specialize=WS):  # tap j, input channels [k0, k0 + BK)
             j = i // KCH
             rk = (i % KCH) * BLOCK_K + tl.arange(0, BLOCK_K)[None, :]  # [1, BK]
             if TMA:
                 a = desc.load([row0 + j * D, (i % KCH) * BLOCK_K])
             else:
                 a = tl.load(xx_ptr + xx_rows + j * D * C + rk, mask=mmask, other=0.0)
-            wk = w1_ptr + tl.trans(rk) * s1k + j * s1t  # [BK, 1]: W1[n, k, j]
-            acc_a = tl.dot(a, tl.load(wk + na * s1n), acc_a)
-            if HAS_B:
-                acc_b = tl.dot(a, tl.load(wk + nb * s1n), acc_b)
+            if TMA_W:  # W1 rows n, columns j * C + k
+                acc_a = tl.dot(a, tl.trans(wd_a.load([0, j * C + (i % KCH) * BLOCK_K])), acc_a)
+                if HAS_B:
+                    acc_b = tl.dot(a, tl.trans(wd_b.load([CA, j * C + (i % KCH) * BLOCK_K])), acc_b)
+            else:
+                wk = w1_ptr + tl.trans(rk) * s1k + j * s1t  # [BK, 1]: W1[n, k, j]
+                acc_a = tl.dot(a, tl.load(wk + na * s1n), acc_a)
+                if HAS_B:
+                    acc_b = tl.dot(a, tl.load(wk + nb * s1n), acc_b)
         # The tail: SnakeBeta of the conv (+ its bias) is the A of the 1x1 conv, W2[n, k] its B.
         ka = tl.arange(0, CA)[:, None]
         kb = CA + tl.arange(0, CBP)[:, None]
@@ -160,7 +180,8 @@ if triton is not None:
                             M, L, D, sxxb, sxb, s1n, s1k, s1t, s2n, s2k,
                             C: tl.constexpr, CP: tl.constexpr, TAPS: tl.constexpr,
                             FAST_SIN: tl.constexpr, NUM_STAGES: tl.constexpr,
-                            BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr):
+                            BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr, TMA_W: tl.constexpr,
+                            WS: tl.constexpr, PDL: tl.constexpr):
         """The same unit, transposed: ``acc[n, m]`` over output channels ``n`` (``C`` padded to
         ``CP``; the padding's weights load as zero, so its rows stay zero) and samples ``m``."""
         wait_previous(PDL)  # before any memory access (kernels/pdl.py)
@@ -169,10 +190,14 @@ if triton is not None:
         n = tl.arange(0, CP)[:, None]  # [CP, 1]
         nmask = n < C
         acc = tl.zeros([CP, BLOCK_M], dtype=tl.float32)
-        for i in tl.range(0, TAPS * KCH, num_stages=NUM_STAGES):
+        wd = _weight_desc(w1_ptr, C, TAPS, CP, BLOCK_K, TMA_W)
+        for i in tl.range(0, TAPS * KCH, num_stages=NUM_STAGES, warp_specialize=WS):
             j = i // KCH
             rk = (i % KCH) * BLOCK_K + tl.arange(0, BLOCK_K)  # input channels
-            w = tl.load(w1_ptr + n * s1n + rk[None, :] * s1k + j * s1t, mask=nmask, other=0.0)  # [CP, BK]
+            if TMA_W:  # rows past C read as zero: the descriptor's bounds
+                w = wd.load([0, j * C + (i % KCH) * BLOCK_K])
+            else:
+                w = tl.load(w1_ptr + n * s1n + rk[None, :] * s1k + j * s1t, mask=nmask, other=0.0)  # [CP, BK]
             if TMA:
                 a = tl.trans(desc.load([row0 + j * D, (i % KCH) * BLOCK_K]))  # [BK, BM]
             else:
@@ -212,7 +237,7 @@ def unit_conv(xx: Tensor, x: Tensor, w1: Tensor, dilation: int, b1: Tensor, alph
     taps = w1.shape[-1]
     if xx.shape[-1] < L + (taps - 1) * dilation:
         raise ValueError(f"xx has {xx.shape[-1]} samples, the conv needs {L + (taps - 1) * dilation}")
-    t = tiles or TILES[C]
+    t = tiles or _readable(TILES[C], xx, w1)
     if t.form not in ("samples", "channels"):
         raise ValueError(f"form must be 'samples' or 'channels', got {t.form!r}")
     if not computes(C, t):
@@ -220,22 +245,31 @@ def unit_conv(xx: Tensor, x: Tensor, w1: Tensor, dilation: int, b1: Tensor, alph
                          f"the samples form needs C - {split(C)[0]} to be 0 or a power of two >= 16)")
     if t.tma and xx.stride(0) != xx.shape[-1] * C:
         raise ValueError("tiles with tma=True read xx as dense [B, T, C] rows: give a dense channels-last xx")
+    if t.tma_w and w1.stride() != (taps * C, 1, C):
+        raise ValueError("tiles with tma_w=True read w1 as [C, k, C] rows: give channels-last weights")
     ca, cb = split(C)
     M = B * L
     y = torch.empty(B, L, C, device=x.device, dtype=x.dtype).transpose(1, 2)
     block_m = min(t.block_m, max(16, triton.next_power_of_2(-(-M // sm_count(x.device)))))
     grid = (triton.cdiv(L, block_m), B) if t.tma else (triton.cdiv(M, block_m),)
-    if t.tma and x.is_cuda:
+    if (t.tma or t.tma_w) and x.is_cuda:
         _descriptor_scratch()
     common = (xx, x, w1, w2, y, b1, alpha, beta, b2, M, L, dilation, xx.stride(0), x.stride(0),
               w1.stride(0), w1.stride(1), w1.stride(2), w2.stride(0), w2.stride(1))
     shared = dict(TAPS=taps, FAST_SIN=fast_sin(x), NUM_STAGES=t.num_stages, BLOCK_M=block_m, BLOCK_K=t.block_k, TMA=t.tma,
-                  num_warps=t.num_warps, **pdl.options(x))
+                  TMA_W=t.tma_w, WS=t.ws, num_warps=t.num_warps, **pdl.options(x))
     if t.form == "channels":
         _unit_conv_t_kernel[grid](*common, C=C, CP=triton.next_power_of_2(C), **shared)
     else:
         _unit_conv_kernel[grid](*common, C=C, CA=ca, CB=cb, **shared)
     return y
+
+
+def _readable(t: ConvTiles, xx: Tensor, w1: Tensor) -> ConvTiles:
+    """A width's default tiles, with pointer loads where the tensors are not laid out for the
+    descriptors they ask for (a trimmed ``xx``; weights not channels-last)."""
+    B, C, T = xx.shape
+    return replace(t, tma=t.tma and xx.stride(0) == T * C, tma_w=t.tma_w and w1.stride() == (w1.shape[-1] * C, 1, C))
 
 
 @functools.cache
