@@ -51,6 +51,17 @@ c)
     rm -f "$OUT/${run%%:*}/plot.png"
   done
   ;;
-*) echo "usage: bash bench/session21.sh a|b|c" >&2; exit 2 ;;
+d)
+  for sweep in tmaw-only ws-only; do
+    export UNIT_CONV_SWEEP=$sweep
+    stamp "192 channels, $sweep: compile the sweep's tilings in 8 shares"
+    for i in 0 1 2 3 4 5 6 7; do timeout 200 python3 bench/unit_conv.py 192 bfloat16 --compile-only $i/8 > "$OUT/compile$i.txt" 2>&1 & done; wait
+    grep -h "compiled" "$OUT"/compile*.txt | tee -a "$log"; rm -f "$OUT"/compile[0-7].txt
+    stamp "192 channels, $sweep: the sweep"
+    timeout 150 python3 bench/unit_conv.py 192 bfloat16 > "$OUT/unit_conv_$sweep.txt" 2>&1; echo "exit status $?" >> "$OUT/unit_conv_$sweep.txt"
+    tail -n 25 "$OUT/unit_conv_$sweep.txt" | tee -a "$log"
+  done
+  ;;
+*) echo "usage: bash bench/session21.sh a|b|c|d" >&2; exit 2 ;;
 esac
 stamp "done"

@@ -42,7 +42,8 @@ def sweep_tiles(C: int) -> list[unit_conv.ConvTiles]:
     With ``UNIT_CONV_SWEEP=tma`` in the environment: each of them with ``tma=True``, beside
     today's tiles of that width (``unit_conv.TILES``) as they are. With ``UNIT_CONV_SWEEP=tmaw``:
     each with the weights through descriptors (``tma_w``), with the windows too, and (8 warps:
-    Triton 3.6's Hopper warp specialization asserted at 4) both warp-specialized (``ws``)."""
+    Triton 3.6's Hopper warp specialization asserted at 4) both warp-specialized (``ws``);
+    ``tmaw-only`` and ``ws-only`` take one of the two groups."""
     out = [unit_conv.ConvTiles(*t) for t in SAMPLES_LEADERS if C % t[1] == 0]
     cp = unit_conv.triton.next_power_of_2(C)
     for bm, bk, w, st in itertools.product((64, 128, 256), (32, 64), (4, 8), (3, 4)):
@@ -51,9 +52,11 @@ def sweep_tiles(C: int) -> list[unit_conv.ConvTiles]:
     today = [t for t in [unit_conv.TILES.get(C)] if t is not None]
     if os.environ.get("UNIT_CONV_SWEEP") == "tma":
         return today + [replace(t, tma=True) for t in out]
-    if os.environ.get("UNIT_CONV_SWEEP") == "tmaw":
-        descs = [replace(t, tma_w=True) for t in out] + [replace(t, tma=True, tma_w=True) for t in out]
-        return today + descs + [replace(t, tma=True, tma_w=True, ws=True) for t in out if t.num_warps == 8]
+    sweep = os.environ.get("UNIT_CONV_SWEEP")
+    descs = [replace(t, tma_w=True) for t in out] + [replace(t, tma=True, tma_w=True) for t in out]
+    ws = [replace(t, tma=True, tma_w=True, ws=True) for t in out if t.num_warps == 8]
+    if sweep in ("tmaw", "tmaw-only", "ws-only"):
+        return today + (descs if sweep != "ws-only" else []) + (ws if sweep != "tmaw-only" else [])
     return out
 
 
