@@ -62,6 +62,18 @@ d)
     tail -n 25 "$OUT/unit_conv_$sweep.txt" | tee -a "$log"
   done
   ;;
-*) echo "usage: bash bench/session21.sh a|b|c|d" >&2; exit 2 ;;
+e)
+  stamp "the Hopper unit (A rows in 16-byte loads, moved into the operand layout within each warp) vs the Triton unit"
+  timeout 150 python3 bench/unit_wgmma.py 96 2>&1 | tee "$OUT/unit_wgmma.txt" | tee -a "$log"
+  stamp "graph replay per step shape: default vs the Hopper unit from 100k samples"
+  timeout 120 python3 bench/profile_step.py bfloat16 channels_last,channels_last-unitwgmma=100000 2>&1 | tee "$OUT/profile.txt" | grep -B1 -A9 "eager ms" | tee -a "$log"
+  for run in default: wgmma:"--set layers.unit_wgmma_rows=100000"; do
+    stamp "sustained 1 / 64 / 256: ${run%%:*}"
+    timeout 110 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 1,64,256 --seconds 3 ${run#*:} --out "$OUT/${run%%:*}" 2>&1 \
+      | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/${run%%:*}.txt" | grep -A4 "^mode" | tee -a "$log"
+    rm -f "$OUT/${run%%:*}/plot.png"
+  done
+  ;;
+*) echo "usage: bash bench/session21.sh a|b|c|d|e" >&2; exit 2 ;;
 esac
 stamp "done"
