@@ -74,6 +74,12 @@ e)
     rm -f "$OUT/${run%%:*}/plot.png"
   done
   ;;
-*) echo "usage: bash bench/session21.sh a|b|c|d|e" >&2; exit 2 ;;
+f)
+  stamp "the Hopper unit, one step's MMAs in flight while the next step's are issued, vs the Triton unit"
+  timeout 60 python3 bench/unit_wgmma.py 96 2>&1 | tee "$OUT/unit_wgmma.txt" | tee -a "$log"
+  stamp "graph replay per step shape: default vs the Hopper unit from 100k samples"
+  timeout 75 python3 bench/profile_step.py bfloat16 channels_last,channels_last-unitwgmma=100000 2>&1 | tee "$OUT/profile.txt" | grep -B1 -A9 "eager ms" | tee -a "$log"
+  ;;
+*) echo "usage: bash bench/session21.sh a|b|c|d|e|f" >&2; exit 2 ;;
 esac
 stamp "done"

@@ -106,6 +106,7 @@ if gluon is not None:
         STEPS: gl.constexpr = TAPS * NK
         HAS_B: gl.constexpr = CB > 0
         CBP: gl.constexpr = CB if CB > 0 else 16
+        GROUPS: gl.constexpr = 2 if CB > 0 else 1  # MMA commit groups a step issues
         dt: gl.constexpr = w1_ptr.dtype.element_ty
         mma_a: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, CA, 16])
         mma_b: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, CBP, 16])
@@ -152,6 +153,10 @@ if gluon is not None:
             # rows t + j * DIL, channels kc * KC on; past the last tap: rows loaded and unused).
             a_next = _tap_rows(xx_ptr, xx_base, t0 + rk, 0, XT, C, KC, ld)
             a_after = _tap_rows(xx_ptr, xx_base, t0 + (1 // NK) * DIL + rk, 1 % NK, XT, C, KC, ld)
+            # One step's MMAs stay in flight while the next step's are issued: the wait after
+            # them lets this step's run on, and holds the previous step's register operand
+            # (``a_prev``) until its MMAs are done.
+            a_prev = gl.zeros([BM, KC], dt, layout=op_a)
             for j in range(TAPS):  # a loop, not unrolled: registers
                 for kc in gl.static_range(NK):
                     a = gl.convert_layout(a_next, op_a)
@@ -160,7 +165,9 @@ if gluon is not None:
                         acc_b = warpgroup_mma(gl.convert_layout(a, op_b), w1b.index(j * NK + kc).permute((1, 0)), acc_b, is_async=True)
                     a_next = a_after
                     a_after = _tap_rows(xx_ptr, xx_base, t0 + (j + (kc + 2) // NK) * DIL + rk, (kc + 2) % NK, XT, C, KC, ld)
-                    acc_a, acc_b = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a, acc_b))
+                    acc_a, acc_b, a_prev = warpgroup_mma_wait(num_outstanding=GROUPS, deps=(acc_a, acc_b, a_prev))
+                    a_prev = a
+            acc_a, acc_b = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a, acc_b))
 
             # The tail: SnakeBeta of the conv (+ its bias) is the A of the 1x1 conv.
             ha = _snake_rounded(acc_a, na, b1_ptr, alpha_ptr, beta_ptr, FAST_SIN, dt)
