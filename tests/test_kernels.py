@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from code2wav.kernels import convt, history, mono_conv, skinny, snake, unit, unit_conv, unit_wgmma  # noqa: E402
+from code2wav.kernels import convt, history, mono_conv, skinny, snake, unit, unit_conv  # noqa: E402
 from code2wav.kernels import transformer as tk  # noqa: E402
 from code2wav.kernels.history import window  # noqa: E402
 from code2wav.model.streaming import Step  # noqa: E402
@@ -258,9 +258,9 @@ def _unit_case(C: int, d: int, B: int, L: int, g: torch.Generator, extra: int = 
     return (xx, x, w1, d, b1, a2, be2, w2, b2), ref
 
 
-@pytest.mark.parametrize("loads", ["pointers", "tma", "tma-w", "tma-both-ws"])
+@pytest.mark.parametrize(("C", "d", "loads"), [(96, 3, "pointers"), (48, 9, "pointers"), (32, 1, "pointers"), (96, 3, "tma"),
+                                                (48, 9, "tma"), (32, 1, "tma"), (96, 3, "tma-w"), (48, 9, "tma-both-ws")])
 @pytest.mark.parametrize("form", ["samples", "channels"])
-@pytest.mark.parametrize(("C", "d"), [(96, 3), (48, 9), (32, 1)])
 def test_unit_conv_matches_the_unit_ops(monkeypatch, form, C, d, loads):
     """A residual unit as one kernel after its history concat (the dilated conv, conv1's bias,
     SnakeBeta, the 1x1 conv and the residual) equals the ops one by one: widths split in two
@@ -303,33 +303,6 @@ def test_unit_conv_refuses_what_it_cannot_compute():
         unit_conv.unit_conv(xx[..., :-1], *rest[:2], 2, *rest[3:], tiles=unit_conv.ConvTiles(16, 16, 4, 2, tma=True))
     with pytest.raises(ValueError, match="channels-last weights"):  # [C, C, k] contiguous: k is the fast axis
         unit_conv.unit_conv(xx, *rest, tiles=unit_conv.ConvTiles(16, 16, 4, 2, tma_w=True))
-
-
-def test_the_hopper_unit_compiles_for_sm90_within_its_shared_memory():
-    """kernels/unit_wgmma.py is Gluon, which Triton's interpreter does not run (the GPU checks
-    time it and hold it to the Triton unit's error): here it is compiled for sm90 without a GPU
-    at each dilation, and its shared memory (the weights, ``smem_bytes``, plus the compiler's
-    scratch) stays within sm90's; the register operand's 16-byte loads are vectorised."""
-    pytest.importorskip("triton.experimental.gluon")
-    assert unit_wgmma.fits(96) and not unit_wgmma.fits(192) and not unit_wgmma.fits(80)  # 192: the memory; 80: K slices of 32
-    for d in (1, 3, 9):
-        k = unit_wgmma.compiled(96, d)
-        assert unit_wgmma.smem_bytes(96) <= k.metadata.shared <= unit_wgmma.SMEM_BYTES
-        assert "ld.global.v4" in k.asm["ptx"] and "wgmma.mma_async" in k.asm["ptx"]
-
-
-def test_the_hopper_unit_stays_off_where_it_cannot_run():
-    """The Hopper unit takes a step only when asked (``unit_wgmma_rows``, with enough samples),
-    on CUDA, in half precision, with channels-last weights: never on CPU or in float32."""
-    g = torch.Generator().manual_seed(10)
-    x = laid_out(torch.randn(2, 96, 9, generator=g), "channels_last")
-    w1 = snake.to_layout(torch.randn(96, 96, 7, generator=g), True)
-    assert not unit_wgmma.applies(x, w1, 1)  # CPU
-    assert not unit_wgmma.applies(x.bfloat16(), w1.bfloat16(), 1)
-    assert not unit_wgmma.applies(x, w1, 0)  # off
-    xx = laid_out(torch.randn(2, 96, 15, generator=g), "channels_last")
-    with pytest.raises(ValueError, match="channels-last"):
-        unit_wgmma.unit_wgmma(xx, x, w1.contiguous(), 1, *(torch.zeros(96) for _ in range(3)), torch.randn(96, 96, 1), torch.zeros(96))
 
 
 def test_unit_conv_applies_where_it_has_tiles_and_enough_samples(monkeypatch):

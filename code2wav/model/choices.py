@@ -41,11 +41,6 @@ class LayerChoices:
     # output samples (rows x time at the unit's rate; 0: never, cuDNN's conv then the fused
     # tail). 1: every step, at the widths kernels/unit_conv.TILES has tiles for.
     unit_conv_rows: int = 1
-    # Those units, at the widths whose weights fit in shared memory (96 channels), as the Hopper
-    # kernel that keeps both convs' weights there for all its tiles (kernels/unit_wgmma.py,
-    # Gluon, sm90+), in steps of at least this many output samples (0: never): its programs
-    # copy the weights in first, a fixed cost small steps do not repay.
-    unit_wgmma_rows: int = 0
     # A ConvTranspose upsampler with history (k = 2s) as one Triton GEMM over row pairs
     # (kernels/convt.py) in steps of at least this many input rows (0: never; its two cuBLAS
     # products, the second reading the output back). 1: every step, at the widths

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from code2wav.kernels import convt, instant, skinny, unit, unit_conv, unit_wgmma
+from code2wav.kernels import convt, instant, skinny, unit, unit_conv
 from code2wav.kernels.mono_conv import mono_conv
 from code2wav.kernels.snake import bias_add, is_channels_last, residual_add, snake_beta, to_layout
 from code2wav.model.choices import DEFAULT_CHOICES, LayerChoices
@@ -231,9 +231,8 @@ class ResidualUnit(nn.Module):
     def forward(self, x: Tensor, step: Step | None = None) -> Tensor:
         if unit_conv.applies(x, self.choices.unit_conv_rows):  # the history concat, then the rest in one kernel
             c1 = self.conv1.conv
-            one = unit_wgmma.unit_wgmma if unit_wgmma.applies(x, c1.weight, self.choices.unit_wgmma_rows) else unit_conv.unit_conv
-            return one(self.conv1._with_history(x, step, self.act1), x, c1.weight, c1.dilation[0], c1.bias,
-                       self.act2.alpha, self.act2.beta, self.conv2.conv.weight, self.conv2.conv.bias)
+            return unit_conv.unit_conv(self.conv1._with_history(x, step, self.act1), x, c1.weight, c1.dilation[0], c1.bias,
+                                       self.act2.alpha, self.act2.beta, self.conv2.conv.weight, self.conv2.conv.bias)
         h = self.conv1(x, step, add_bias=False, act=self.act1)
         if unit.applies(x, h):  # conv1's bias, act2, conv2 and the residual in one pass (conv2 has no state)
             return unit.unit_tail(h, x, self.conv2.conv.weight, self.conv1.conv.bias, self.act2.alpha, self.act2.beta, self.conv2.conv.bias,
