@@ -7,9 +7,35 @@
 #                               descriptors and the K loop warp-specialized (UNIT_CONV_SWEEP=tmaw):
 #                               the sweep (8 compile shares first), the best tiles put in this copy,
 #                               the units under ncu with their stall reasons, graph replay per step
-#                               shape, sustained 256, the quick GPU checks
+#                               shape, sustained 256
+#   bash bench/session21.sh c   (at 4cf9007) the 96-channel unit as a Hopper kernel in Gluon
+#                               (kernels/unit_wgmma.py: weights held in shared memory, each tap's rows
+#                               loaded into the MMAs' register operand) against the Triton unit
+#                               (bench/unit_wgmma.py: per dilation and shape, time, the outputs'
+#                               difference, SNR vs float32); graph replay per step shape and sustained
+#                               1 / 64 / 256, default vs layers.unit_wgmma=true
+#   bash bench/session21.sh d   the 192-channel sweep call b could not finish, in two processes (the
+#                               descriptor tilings, then the warp-specialized ones); not run: no
+#                               machine was lent when it was asked for
+#   bash bench/session21.sh e   (at 6685d63) c again, the rows loaded 16 bytes a thread and moved into
+#                               the operand layout within each warp, the kernel from 100k samples
+#   bash bench/session21.sh f   (at 63b6659) e with one step's MMAs in flight; no sustained load
+# The Hopper kernel, its knob and bench/unit_wgmma.py were reverted after f (BENCHMARKS.md).
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
+hopper_unit() {  # c, e, f: $1 profile_step's suffix for the Hopper unit, $2 its --set for sustained load ("": none)
+  stamp "the Hopper unit vs the Triton unit, per dilation and shape"
+  timeout 150 python3 bench/unit_wgmma.py 96 2>&1 | tee "$OUT/unit_wgmma.txt" | tee -a "$log"
+  stamp "graph replay per step shape: default vs $1"
+  timeout 120 python3 bench/profile_step.py bfloat16 channels_last,channels_last-$1 2>&1 | tee "$OUT/profile.txt" | grep -B1 -A9 "eager ms" | tee -a "$log"
+  [ -n "$2" ] || return 0
+  for run in default: wgmma:"--set $2"; do
+    stamp "sustained 1 / 64 / 256: ${run%%:*}"
+    timeout 110 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 1,64,256 --seconds 3 ${run#*:} --out "$OUT/${run%%:*}" 2>&1 \
+      | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/${run%%:*}.txt" | grep -A4 "^mode" | tee -a "$log"
+    rm -f "$OUT/${run%%:*}/plot.png"
+  done
+}
 case "${1:-}" in
 a)
   stamp "ncu: the units at 16 x 25, dilation 9"
@@ -39,18 +65,7 @@ b)
     | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/swept.txt" | grep -A2 "^mode" | tee -a "$log"
   rm -f "$OUT/swept/plot.png"
   ;;
-c)
-  stamp "the Hopper unit vs the Triton unit, per dilation and shape"
-  timeout 150 python3 bench/unit_wgmma.py 96 2>&1 | tee "$OUT/unit_wgmma.txt" | tee -a "$log"
-  stamp "graph replay per step shape: default vs unit_wgmma"
-  timeout 120 python3 bench/profile_step.py bfloat16 channels_last,channels_last-unitwgmma=1 2>&1 | tee "$OUT/profile.txt" | grep -B1 -A9 "eager ms" | tee -a "$log"
-  for run in default: wgmma:"--set layers.unit_wgmma=true"; do
-    stamp "sustained 1 / 64 / 256: ${run%%:*}"
-    timeout 110 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 1,64,256 --seconds 3 ${run#*:} --out "$OUT/${run%%:*}" 2>&1 \
-      | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/${run%%:*}.txt" | grep -A4 "^mode" | tee -a "$log"
-    rm -f "$OUT/${run%%:*}/plot.png"
-  done
-  ;;
+c) hopper_unit unitwgmma=1 layers.unit_wgmma=true ;;
 d)
   for sweep in tmaw-only ws-only; do
     export UNIT_CONV_SWEEP=$sweep
@@ -62,24 +77,8 @@ d)
     tail -n 25 "$OUT/unit_conv_$sweep.txt" | tee -a "$log"
   done
   ;;
-e)
-  stamp "the Hopper unit (A rows in 16-byte loads, moved into the operand layout within each warp) vs the Triton unit"
-  timeout 150 python3 bench/unit_wgmma.py 96 2>&1 | tee "$OUT/unit_wgmma.txt" | tee -a "$log"
-  stamp "graph replay per step shape: default vs the Hopper unit from 100k samples"
-  timeout 120 python3 bench/profile_step.py bfloat16 channels_last,channels_last-unitwgmma=100000 2>&1 | tee "$OUT/profile.txt" | grep -B1 -A9 "eager ms" | tee -a "$log"
-  for run in default: wgmma:"--set layers.unit_wgmma_rows=100000"; do
-    stamp "sustained 1 / 64 / 256: ${run%%:*}"
-    timeout 110 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 1,64,256 --seconds 3 ${run#*:} --out "$OUT/${run%%:*}" 2>&1 \
-      | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/${run%%:*}.txt" | grep -A4 "^mode" | tee -a "$log"
-    rm -f "$OUT/${run%%:*}/plot.png"
-  done
-  ;;
-f)
-  stamp "the Hopper unit, one step's MMAs in flight while the next step's are issued, vs the Triton unit"
-  timeout 60 python3 bench/unit_wgmma.py 96 2>&1 | tee "$OUT/unit_wgmma.txt" | tee -a "$log"
-  stamp "graph replay per step shape: default vs the Hopper unit from 100k samples"
-  timeout 75 python3 bench/profile_step.py bfloat16 channels_last,channels_last-unitwgmma=100000 2>&1 | tee "$OUT/profile.txt" | grep -B1 -A9 "eager ms" | tee -a "$log"
-  ;;
+e) hopper_unit unitwgmma=100000 layers.unit_wgmma_rows=100000 ;;
+f) hopper_unit unitwgmma=100000 "" ;;
 *) echo "usage: bash bench/session21.sh a|b|c|d|e|f" >&2; exit 2 ;;
 esac
 stamp "done"
