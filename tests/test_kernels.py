@@ -271,8 +271,8 @@ def test_unit_conv_matches_the_unit_ops(monkeypatch, form, C, d, loads):
     conv's padding). With ``tma_w`` the channels-last weights come through descriptors (the
     channels form's padded rows past ``C`` read as zero); ``ws`` warp-specializes the K loop."""
     g = torch.Generator().manual_seed(7)
-    tiles = unit_conv.ConvTiles(16, 16, 4, 2, form, tma=loads in ("tma", "tma-both-ws"), tma_w=loads.startswith("tma-"),
-                                ws=loads == "tma-both-ws")
+    ws = loads == "tma-both-ws"
+    tiles = unit_conv.ConvTiles(16, 16, 8 if ws else 4, 2, form, tma=loads in ("tma", "tma-both-ws"), tma_w=loads.startswith("tma-"), ws=ws)
     args, ref = _unit_case(C, d, 3, 37, g, extra=d)
     if tiles.tma_w:
         args = (args[0], args[1], snake.to_layout(args[2], True), *args[3:])
@@ -289,7 +289,8 @@ def test_unit_conv_matches_the_unit_ops(monkeypatch, form, C, d, loads):
 def test_unit_conv_refuses_what_it_cannot_compute():
     """A history concat shorter than the conv reads, a K slice that does not divide the
     channels, a width the samples form cannot split (80 = 64 + 16 can, 112 = 64 + 48 not; the
-    channels form pads it) and an unknown form are refused, not read past."""
+    channels form pads it), an unknown form, descriptors over tensors not laid out for them and a
+    warp-specialized loop on fewer than 8 warps are refused, not read past (or compiled)."""
     g = torch.Generator().manual_seed(8)
     args, _ = _unit_case(48, 3, 1, 5, g)
     xx, rest = args[0], args[1:]
@@ -303,6 +304,8 @@ def test_unit_conv_refuses_what_it_cannot_compute():
         unit_conv.unit_conv(xx[..., :-1], *rest[:2], 2, *rest[3:], tiles=unit_conv.ConvTiles(16, 16, 4, 2, tma=True))
     with pytest.raises(ValueError, match="channels-last weights"):  # [C, C, k] contiguous: k is the fast axis
         unit_conv.unit_conv(xx, *rest, tiles=unit_conv.ConvTiles(16, 16, 4, 2, tma_w=True))
+    with pytest.raises(ValueError, match="8 warps"):  # what Triton 3.6's Hopper pass could not compile
+        unit_conv.unit_conv(xx, *rest, tiles=unit_conv.ConvTiles(16, 16, 4, 2, ws=True))
 
 
 def test_unit_conv_applies_where_it_has_tiles_and_enough_samples(monkeypatch):

@@ -247,6 +247,8 @@ def unit_conv(xx: Tensor, x: Tensor, w1: Tensor, dilation: int, b1: Tensor, alph
         raise ValueError("tiles with tma=True read xx as dense [B, T, C] rows: give a dense channels-last xx")
     if t.tma_w and w1.stride() != (taps * C, 1, C):
         raise ValueError("tiles with tma_w=True read w1 as [C, k, C] rows: give channels-last weights")
+    if t.ws and t.num_warps < 8:  # Triton 3.6's Hopper pass aborted the process compiling one at 4
+        raise ValueError(f"tiles with ws=True need 8 warps or more, got {t.num_warps}")
     ca, cb = split(C)
     M = B * L
     y = torch.empty(B, L, C, device=x.device, dtype=x.dtype).transpose(1, 2)
