@@ -49,15 +49,15 @@ def sweep_tiles(C: int) -> list[unit_conv.ConvTiles]:
     for bm, bk, w, st in itertools.product((64, 128, 256), (32, 64), (4, 8), (3, 4)):
         if C % bk == 0 and bm * cp <= 32768:
             out.append(unit_conv.ConvTiles(bm, bk, w, st, form="channels"))
-    today = [t for t in [unit_conv.TILES.get(C)] if t is not None]
-    if os.environ.get("UNIT_CONV_SWEEP") == "tma":
-        return today + [replace(t, tma=True) for t in out]
     sweep = os.environ.get("UNIT_CONV_SWEEP")
+    if sweep not in ("tma", "tmaw", "tmaw-only", "ws-only"):
+        return out
+    today = [t for t in [unit_conv.TILES.get(C)] if t is not None]
+    if sweep == "tma":
+        return today + [replace(t, tma=True) for t in out]
     descs = [replace(t, tma_w=True) for t in out] + [replace(t, tma=True, tma_w=True) for t in out]
     ws = [replace(t, tma=True, tma_w=True, ws=True) for t in out if t.num_warps == 8]
-    if sweep in ("tmaw", "tmaw-only", "ws-only"):
-        return today + (descs if sweep != "ws-only" else []) + (ws if sweep != "tmaw-only" else [])
-    return out
+    return today + (descs if sweep != "ws-only" else []) + (ws if sweep != "tmaw-only" else [])
 
 
 def unit_pair(C: int, d: int, dtype: torch.dtype, g: torch.Generator) -> tuple[ResidualUnit, ResidualUnit]:

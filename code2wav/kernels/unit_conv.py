@@ -243,9 +243,9 @@ def unit_conv(xx: Tensor, x: Tensor, w1: Tensor, dilation: int, b1: Tensor, alph
     if not computes(C, t):
         raise ValueError(f"tiles {t} cannot compute {C} channels (the K slice must divide them; "
                          f"the samples form needs C - {split(C)[0]} to be 0 or a power of two >= 16)")
-    if t.tma and xx.stride(0) != xx.shape[-1] * C:
+    if t.tma and not _dense_rows(xx):
         raise ValueError("tiles with tma=True read xx as dense [B, T, C] rows: give a dense channels-last xx")
-    if t.tma_w and w1.stride() != (taps * C, 1, C):
+    if t.tma_w and not _weight_rows(w1):
         raise ValueError("tiles with tma_w=True read w1 as [C, k, C] rows: give channels-last weights")
     if t.ws and t.num_warps < 8:  # Triton 3.6's Hopper pass aborted the process compiling one at 4
         raise ValueError(f"tiles with ws=True need 8 warps or more, got {t.num_warps}")
@@ -267,13 +267,23 @@ def unit_conv(xx: Tensor, x: Tensor, w1: Tensor, dilation: int, b1: Tensor, alph
     return y
 
 
+def _dense_rows(xx: Tensor) -> bool:
+    """Whether ``xx`` is dense ``[B, T, C]`` rows in memory, as ``tma`` reads it."""
+    return xx.stride(0) == xx.shape[-1] * xx.shape[1]
+
+
+def _weight_rows(w1: Tensor) -> bool:
+    """Whether ``w1`` (``[C, C, k]``) is stored channels-last, ``[C, k, C]`` rows, as ``tma_w`` reads it."""
+    C, _, k = w1.shape
+    return w1.stride() == (k * C, 1, C)
+
+
 def _readable(t: ConvTiles, xx: Tensor, w1: Tensor) -> ConvTiles:
     """A width's default tiles, with pointer loads where the tensors are not laid out for the
     descriptors they ask for (a trimmed ``xx``; weights not channels-last)."""
     if not (t.tma or t.tma_w):  # today's tiles: nothing to check on every call
         return t
-    B, C, T = xx.shape
-    return replace(t, tma=t.tma and xx.stride(0) == T * C, tma_w=t.tma_w and w1.stride() == (w1.shape[-1] * C, 1, C))
+    return replace(t, tma=t.tma and _dense_rows(xx), tma_w=t.tma_w and _weight_rows(w1))
 
 
 @functools.cache
