@@ -451,8 +451,9 @@ def test_streaming_steps_through_the_kernels_equal_eager(monkeypatch, layout):
 
 def test_a_step_runs_one_history_kernel_per_stateful_layer(monkeypatch):
     """A streaming step reads and writes each layer's history in one launch: one history concat
-    per conv layer with history, one RoPE + KV concat per attention layer, and no separate write
-    kernel (counted at the interpreter's launch; padding rows on the scratch slot included)."""
+    per conv layer with history, one attention kernel per attention layer (a one-frame step:
+    RoPE, the KV history, the mask and SDPA in one), and no separate write kernel (counted at the
+    interpreter's launch; padding rows on the scratch slot included)."""
     from collections import Counter
 
     from triton.runtime.interpreter import InterpretedFunction
@@ -475,7 +476,8 @@ def test_a_step_runs_one_history_kernel_per_stateful_layer(monkeypatch):
     pool.run(m, codes, torch.tensor([1, 0, pool.scratch_slot]), torch.tensor([1, 1, 0]))
     stateful = [mod for mod in m.modules() if isinstance(mod, StreamingLayer) and mod.history]
     attention = [mod for mod in stateful if isinstance(mod, Attention)]
-    assert launches["_rope_kv_cat_kernel"] == len(attention) > 0
+    assert launches["_attend_kernel"] == len(attention) > 0
+    assert launches["_rope_kv_cat_kernel"] == 0
     assert launches["_history_cat_kernel"] == len(stateful) - len(attention) > 0
     assert not [name for name in launches if "write" in name]
 
@@ -569,6 +571,58 @@ def test_rope_kv_cat_and_write_match_eager(monkeypatch, pooled, tiles):
     assert close(sk, want_k) and close(sv, want_v)
 
 
+@pytest.mark.parametrize("T", [1, 4])
+@pytest.mark.parametrize("chunk", [2, 32])
+def test_attention_kernel_matches_rope_kv_cat_sdpa_and_write(monkeypatch, T, chunk):
+    """One kernel for a step's attention layer against the path it replaces: rope_kv_cat (with
+    the history write), the position mask (Attention.mask), SDPA and the [B, T, H * D] copy.
+    Rows: cold (start 0), younger than the window, rolling, a ragged one (n_new < T) and two
+    padding rows on the scratch slot; 4 query heads over 2 kv heads; a 6-frame window so the
+    mask bites inside the step. Chunks of 2 history rows make the write-back read rows a later
+    chunk overwrites. Same output, same pool afterwards; in bf16, the same rounding points."""
+    from code2wav.kernels import attention
+    from code2wav.model.transformer import Attention, _additive_mask
+
+    monkeypatch.setattr(attention, "CHUNK", chunk)
+    g = torch.Generator().manual_seed(16)
+    B, H, Hkv, D, W = 6, 4, 2, 16, 5
+    qkv = torch.randn(B, T, (H + 2 * Hkv) * D, generator=g)
+    start = torch.tensor([0, 3, 300, 41, 0, 0])
+    slots, n_new = torch.tensor([5, 0, 3, 1, 6, 6]), torch.tensor([T, T, T, T - 1 if T > 1 else 0, 0, 0])
+    cos, sin = Rotary(D, 10000.0)(start[:, None] + torch.arange(T))
+    pool_k, pool_v = torch.randn(7, Hkv, W, D, generator=g), torch.randn(7, Hkv, W, D, generator=g)
+    cfg = replace(SMALL, num_attention_heads=H, num_key_value_heads=Hkv, head_dim=D, hidden_size=H * D, sliding_window=W + 1)
+    layer = Attention(cfg)
+    step = Step({}, slots, n_new, start)
+    q_pos = start[:, None] + torch.arange(T)
+    bias = _additive_mask(layer.mask(q_pos, step), torch.float32)
+
+    def two_kernels(pk, pv, dtype):
+        q, k, v = tk.rope_kv_cat(qkv, H, Hkv, cos, sin, pk, pv, slots, dtype, n_new)
+        k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(dtype), scale=D ** -0.5)
+        return out.float().transpose(1, 2).reshape(B, T, H * D)
+
+    want_k, want_v = pool_k.clone(), pool_v.clone()
+    want = two_kernels(want_k, want_v, torch.float32)
+    got_k, got_v = pool_k.clone(), pool_v.clone()
+    got = attention.attend(qkv, H, Hkv, cos, sin, got_k, got_v, slots, n_new, start, W + 1, torch.float32)
+    valid = torch.arange(T)[None, :] < n_new[:, None]  # padding frames' outputs are never read
+    assert close(got[valid], want[valid])
+    assert close(got_k, want_k) and close(got_v, want_v)
+    assert not torch.equal(got_k[5], pool_k[5])  # the step wrote history
+    assert torch.equal(got_k[2], pool_k[2]) and torch.equal(got_k[4], pool_k[4])  # slots no row uses
+    # Keys and values kept in a half dtype (a float32 transformer attending in float16; the
+    # interpreter cannot take bf16 products): the pool gets the keys' rounded values, the output
+    # SDPA's to the half dtype's rounding.
+    half_k, half_v = pool_k.half(), pool_v.half()
+    want_hk, want_hv = half_k.clone(), half_v.clone()
+    want = two_kernels(want_hk, want_hv, torch.float16)
+    got = attention.attend(qkv, H, Hkv, cos, sin, half_k, half_v, slots, n_new, start, W + 1, torch.float32)
+    assert torch.equal(half_k, want_hk) and torch.equal(half_v, want_hv)
+    assert close(got[valid], want[valid], 2e-3)
+
+
 def _kv_pool(tr, rows: int, g: torch.Generator) -> dict[str, torch.Tensor]:
     """Random history for every layer: a masked entry that leaks in would show."""
     return {
@@ -590,16 +644,22 @@ def _transformer_step(tr, x, pool, pooled: bool):
 
 
 @pytest.mark.parametrize("pooled", [True, False], ids=["step", "whole-forward"])
-@pytest.mark.parametrize("tiles", ["one", "many"])
+@pytest.mark.parametrize("tiles", ["one", "many", "attention-kernel-off"])
 def test_transformer_fused_path_equals_eager(monkeypatch, pooled, tiles):
-    """The fused path (fused projections + every transformer kernel, the history write inside
-    rope_kv_cat's) against the module code: same output, same pool state afterwards (every slot:
-    padding rows on the scratch slot too). With many tiles the KV window's 71 history rows take
-    36 chunks of 2."""
+    """The fused path (fused projections + every transformer kernel: in this 4-frame step each
+    layer's attention as one kernel, or with ``attention_frames = 0`` rope_kv_cat with the
+    history write, then SDPA) against the module code: same output, same pool state afterwards
+    (every slot: padding rows on the scratch slot too). With many tiles the KV window's 71
+    history rows take 36 chunks of 2 (in both kernels)."""
+    from code2wav.kernels import attention
+    from code2wav.model.choices import LayerChoices
+
     if tiles == "many":
         monkeypatch.setattr(snake, "BLOCK", 32)
+        monkeypatch.setattr(attention, "CHUNK", 2)
     tr = model(SMALL, torch.float32).pre_transformer
     assert tr.is_fused  # tests/models.py fuses like load_decoder
+    monkeypatch.setattr(tr, "choices", LayerChoices(attention_frames=0 if tiles == "attention-kernel-off" else 4))
     g = torch.Generator().manual_seed(7)
     x = torch.randn(5, 4, SMALL.latent_dim, generator=g)
     pool = _kv_pool(tr, 7, g)

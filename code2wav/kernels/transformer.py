@@ -93,14 +93,14 @@ if triton is not None:
         tl.store(n_ptr + row * D + d, (x * r * w).to(n_ptr.dtype.element_ty), mask=m)
 
     @triton.jit
-    def _rotated(row_ptr, d, pd, sign, cos, sin, m):
+    def rotated(row_ptr, d, pd, sign, cos, sin, m):
         """RoPE of one head's row: x * cos + rotate_half(x) * sin, rotate_half(x)[d] = sign[d] * x[pd[d]]."""
         x = tl.load(row_ptr + d, mask=m, other=0.0).to(tl.float32)
         xp = tl.load(row_ptr + pd, mask=m, other=0.0).to(tl.float32)
         return x * cos + sign * xp * sin
 
     @triton.jit
-    def _new_kv_rows(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, b, h, s, d, pd, sign, dm,
+    def new_kv_rows(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, b, h, s, d, pd, sign, dm,
                      T, W, H, HKV, D, sqb, sqt, scb, sct, STORE: tl.constexpr):
         """Rows ``s`` of the key axis [0, W + T) from the new frames ``t = s - W``: stores rotated
         q (every head) and, for kv heads, rotated k and plain v at ``s`` when ``STORE``; rows
@@ -111,16 +111,30 @@ if triton is not None:
         sin = tl.load(sin_ptr + b * scb + t * sct + d, mask=new, other=0.0).to(tl.float32)
         row = qkv_ptr + b * sqb + t * sqt
         kvm = new & (h < HKV)
-        k = _rotated(row + (H + h) * D, d, pd, sign, cos, sin, kvm)
+        k = rotated(row + (H + h) * D, d, pd, sign, cos, sin, kvm)
         v = tl.load(row + (H + HKV + h) * D + d, mask=kvm, other=0.0).to(tl.float32)
         if STORE:
-            q = _rotated(row + h * D, d, pd, sign, cos, sin, new)
+            q = rotated(row + h * D, d, pd, sign, cos, sin, new)
             tl.store(q_ptr + ((b * T + t) * H + h) * D + d, q.to(q_ptr.dtype.element_ty), mask=new)
             out = ((b * HKV + h) * (W + T) + s) * D + d
             om = (s < W + T) & dm & (h < HKV)
             tl.store(k_ptr + out, k.to(k_ptr.dtype.element_ty), mask=om)
             tl.store(v_ptr + out, v.to(v_ptr.dtype.element_ty), mask=om)
         return k, v
+
+    @triton.jit
+    def kept_rows(pk_ptr, pv_ptr, pool_head, qkv_ptr, cos_ptr, sin_ptr, b, h, src, d, pd, sign, m,
+                  T, W, H, HKV, D, sqb, sqt, scb, sct, out_ty: tl.constexpr):
+        """A slot's new history rows: key-axis rows ``src`` (``n_new + j`` for history row
+        ``j``) of ``[pool history, new frames]``, from the pool where ``src < W``, else the new
+        frame's rotated key and value; rounded to the keys' dtype ``out_ty`` first (the value
+        the keys hold at ``src``, which the eager write copies)."""
+        hm = m & (src < W)
+        kept_k = tl.load(pk_ptr + pool_head + src * D + d, mask=hm, other=0.0).to(tl.float32)
+        kept_v = tl.load(pv_ptr + pool_head + src * D + d, mask=hm, other=0.0).to(tl.float32)
+        k, v = new_kv_rows(qkv_ptr, cos_ptr, sin_ptr, qkv_ptr, qkv_ptr, qkv_ptr, b, h, src, d, pd, sign, m,
+                           T, W, H, HKV, D, sqb, sqt, scb, sct, STORE=False)
+        return tl.where(src < W, kept_k, k).to(out_ty), tl.where(src < W, kept_v, v).to(out_ty)
 
     @triton.jit
     def _rope_kv_cat_kernel(
@@ -158,15 +172,8 @@ if triton is not None:
                         old_k = tl.load(pk_ptr + pool_head + j * D + d, mask=m, other=0.0).to(tl.float32)
                         old_v = tl.load(pv_ptr + pool_head + j * D + d, mask=m, other=0.0).to(tl.float32)
                         if WRITE:
-                            src = start + j  # where the new history's row j sits in the key axis
-                            hm = m & (src < W)
-                            kept_k = tl.load(pk_ptr + pool_head + src * D + d, mask=hm, other=0.0).to(tl.float32)
-                            kept_v = tl.load(pv_ptr + pool_head + src * D + d, mask=hm, other=0.0).to(tl.float32)
-                            k, v = _new_kv_rows(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, b, h, src, d, pd, sign, m,
-                                                T, W, H, HKV, D, sqb, sqt, scb, sct, STORE=False)
-                            # Rounded to the keys' dtype first: the value the keys hold at src.
-                            k = tl.where(src < W, kept_k, k).to(k_ptr.dtype.element_ty)
-                            v = tl.where(src < W, kept_v, v).to(v_ptr.dtype.element_ty)
+                            k, v = kept_rows(pk_ptr, pv_ptr, pool_head, qkv_ptr, cos_ptr, sin_ptr, b, h, start + j, d, pd, sign, m,
+                                             T, W, H, HKV, D, sqb, sqt, scb, sct, k_ptr.dtype.element_ty)
                             tl.debug_barrier()  # all of this chunk's pool loads before any store to it
                             tl.store(pk_ptr + pool_head + j * D + d, k.to(pk_ptr.dtype.element_ty), mask=m)
                             tl.store(pv_ptr + pool_head + j * D + d, v.to(pv_ptr.dtype.element_ty), mask=m)
@@ -174,11 +181,11 @@ if triton is not None:
                         tl.store(v_ptr + out_head + j * D + d, old_v.to(v_ptr.dtype.element_ty), mask=m)
             else:
                 s = W + (tl.program_id(1) - 1) * ROWS + r
-                _new_kv_rows(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, b, h, s, d, pd, sign, dm,
+                new_kv_rows(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, b, h, s, d, pd, sign, dm,
                              T, W, H, HKV, D, sqb, sqt, scb, sct, STORE=True)
         else:
             s = tl.program_id(1) * ROWS + r
-            _new_kv_rows(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, b, h, s, d, pd, sign, dm,
+            new_kv_rows(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, b, h, s, d, pd, sign, dm,
                          T, W, H, HKV, D, sqb, sqt, scb, sct, STORE=True)
 
     @triton.jit

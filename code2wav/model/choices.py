@@ -53,6 +53,11 @@ class LayerChoices:
     # few-row convs and ConvTransposes; with it the one-frame MLP's silu * up rides in the down
     # projection's loads), where ``skinny`` is on too.
     skinny_half: bool = False
+    # Streaming steps of at most this many frames a row run each layer's attention as one
+    # kernel (kernels/attention.py: RoPE, the KV history read and write, the position mask,
+    # softmax, the output in the projection's rows) instead of rope_kv_cat, a mask, SDPA and a
+    # copy (0: never). Its keys must fit one tile: W + this many rows.
+    attention_frames: int = 32
     # Triton kernels launched with programmatic dependent launch on sm90+ (kernels/pdl.py): the
     # next kernel is placed while the one before it finishes, and waits for its writes there.
     pdl: bool = False
@@ -64,7 +69,7 @@ class LayerChoices:
     def __post_init__(self) -> None:
         if self.conv_fold not in FOLDS:
             raise ValueError(f"conv_fold must be one of {FOLDS}, got {self.conv_fold!r}")
-        for name in ("conv_gemm_rows", "unit_conv_rows", "convt_kernel_rows"):
+        for name in ("conv_gemm_rows", "unit_conv_rows", "convt_kernel_rows", "attention_frames"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from code2wav.kernels import skinny, snake
+from code2wav.kernels import attention, skinny, snake
 from code2wav.kernels.history import window
 from code2wav.kernels.transformer import add_rms_norm, rms_norm, rms_norm_eager, rope_kv_cat, rotate_eager
 from code2wav.model.choices import DEFAULT_CHOICES, LayerChoices
@@ -125,16 +125,26 @@ class Attention(StreamingLayer):
         out = F.scaled_dot_product_attention(q.to(ad), k.to(ad), v.to(ad), attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim))
         return self.o_proj(out.to(x.dtype).transpose(1, 2).reshape(B, T, -1))
 
-    def forward_fused(self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, step: Step | None, skinny_on: bool = True) -> Tensor:
+    def pool_kv(self, step: Step) -> tuple[Tensor, Tensor]:
+        """This layer's key and value histories in ``step``'s pool."""
+        return step.pool[f"{self.state_key}.k"], step.pool[f"{self.state_key}.v"]
+
+    def forward_fused(self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor | None, step: Step | None, skinny_on: bool = True) -> Tensor:
         """:meth:`forward` after :meth:`fuse`: one GEMM, then RoPE, the history concat and the
-        history write in one kernel (``skinny_on``: ``LayerChoices.skinny_for``)."""
+        history write in one kernel (``skinny_on``: ``LayerChoices.skinny_for``). Without a
+        ``mask`` (a step of few frames, ``Transformer._forward_fused``), everything between the
+        two projections is one kernel (kernels/attention.py)."""
         B, T, _ = x.shape
         qkv = skinny.linear(x, self.qkv_weight, enabled=skinny_on)
+        if mask is None:
+            assert step is not None
+            out = attention.attend(qkv, self.n_heads, self.n_kv, *rope, *self.pool_kv(step), step.slots, step.n_new,
+                                   step.start, self.sliding_window, x.dtype)
+            return skinny.linear(out, self.o_proj.weight, enabled=skinny_on)
         if step is None:
             q, k, v = rope_kv_cat(qkv, self.n_heads, self.n_kv, *rope, out_dtype=self.attention_dtype)
         else:
-            pk, pv = step.pool[f"{self.state_key}.k"], step.pool[f"{self.state_key}.v"]
-            q, k, v = rope_kv_cat(qkv, self.n_heads, self.n_kv, *rope, pk, pv, step.slots, self.attention_dtype, step.n_new)
+            q, k, v = rope_kv_cat(qkv, self.n_heads, self.n_kv, *rope, *self.pool_kv(step), step.slots, self.attention_dtype, step.n_new)
         if self.n_kv != self.n_heads:
             k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
             v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
@@ -217,20 +227,26 @@ class Transformer(nn.Module):
         if step is not None:
             q_pos = step.start[:, None] + q_pos
         rope = self.rotary(q_pos)
-        mask = self.layers[0].self_attn.mask(q_pos, step)  # the same for every layer
         if snake.fused(x) and self.is_fused:
-            return self._forward_fused(x, rope, mask, step)
+            return self._forward_fused(x, rope, q_pos, step)
+        mask = self.layers[0].self_attn.mask(q_pos, step)  # the same for every layer
         h = self.input_proj(x)
         for layer in self.layers:
             h = layer(h, rope, mask, step)
         return self.output_proj(self.norm(h))
 
-    def _forward_fused(self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, step: Step | None) -> Tensor:
+    def _forward_fused(self, x: Tensor, rope: tuple[Tensor, Tensor], q_pos: Tensor, step: Step | None) -> Tensor:
         """The layers' math regrouped so each residual add + layer scale shares a kernel with the
-        RMSNorm that follows it (the next layer's input norm, or the final norm)."""
+        RMSNorm that follows it (the next layer's input norm, or the final norm). In steps of
+        few frames (``LayerChoices.attention_frames``) attention is one kernel that masks by
+        position itself: no mask is built."""
         on = self.choices.skinny_for(x.dtype)
         h = skinny.linear(x, self.input_proj.weight, self.input_proj.bias, enabled=on)
-        bias = _additive_mask(mask, self.layers[0].self_attn.attention_dtype or h.dtype)
+        first = self.layers[0].self_attn
+        dtype = first.attention_dtype or h.dtype
+        bias = None
+        if not (step is not None and attention.applies(h, *first.pool_kv(step), dtype, self.choices.attention_frames)):
+            bias = _additive_mask(first.mask(q_pos, step), dtype)
         layers = list(self.layers)
         n = rms_norm(h, layers[0].input_layernorm.weight, layers[0].input_layernorm.eps)
         for i, layer in enumerate(layers):

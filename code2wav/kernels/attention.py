@@ -1,0 +1,151 @@
+"""A streaming step's attention as one kernel per layer (Triton on CUDA).
+
+In a step of few frames a row, attention is launch-bound: ``rope_kv_cat`` (RoPE, the KV
+history read and written), the step's mask built op by op, SDPA, and the copy of its
+``[B, H, T, D]`` output into the ``[B, T, H * D]`` rows the output projection reads are ~3
+launches a layer and ~10 a step, each doing a few KB of work. Here one program per (row, kv
+head) does all of it: it holds the row's whole key axis ``[pool history (W rows), new frames
+(T)]`` (at most ``max_frames`` new ones, so the keys fit one tile), rotates the new keys and
+queries, masks by position as :meth:`Attention.mask <code2wav.model.transformer.Attention.mask>`
+does (causal, within the sliding window, no key before position 0), takes the softmax in fp32
+and writes its heads' outputs straight into the projection's rows. Then it writes the slot's
+new history back, as ``rope_kv_cat`` with ``n_new`` does: after a barrier (every read of the
+pool in this program is done), in chunks of increasing history row, each chunk's reads before
+its stores (kernels/transformer.py's ``kept_rows``; the same order argument).
+
+One program owns every pool access of its (slot, kv head), so reads and writes do not race;
+with grouped-query attention it loops over the group's query heads. The same rounding points as
+the two-kernel path: keys, values and queries in the attention dtype, the probabilities rounded
+to it before the value product (as flash kernels do), the output to it and then to ``x``'s
+dtype. Steps of more frames (prefills of a reference prefix) keep ``rope_kv_cat`` + SDPA.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from code2wav.kernels import pdl, snake
+from code2wav.kernels.snake import triton
+
+if triton is not None:
+    import triton.language as tl
+
+    from code2wav.kernels.pdl import wait_previous
+    from code2wav.kernels.transformer import kept_rows, new_kv_rows, rotated
+
+    @triton.jit
+    def _dot(a, b, IEEE: tl.constexpr):
+        """``a @ b`` in fp32; float32 operands exactly (``IEEE``), not through TF32."""
+        if IEEE:
+            return tl.dot(a, b, input_precision="ieee")
+        return tl.dot(a, b)
+
+    @triton.jit
+    def _attend_kernel(
+        qkv_ptr, cos_ptr, sin_ptr, pk_ptr, pv_ptr, slots_ptr, n_new_ptr, start_ptr, out_ptr,
+        T, W, WINDOW, H, HKV, D, sqb, sqt, scb, sct, sm_scale,
+        GROUP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+        CHUNK: tl.constexpr, CHUNKS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
+    ):
+        wait_previous(PDL)  # before any memory access (kernels/pdl.py)
+        b = tl.program_id(0) // HKV
+        kvh = tl.program_id(0) % HKV
+        att_ty = pk_ptr.dtype.element_ty  # keys and values are kept in the dtype attention runs in
+        d = tl.arange(0, BLOCK_D)[None, :]
+        dm = d < D
+        half = D // 2
+        pd = tl.where(d < half, d + half, d - half)
+        sign = tl.where(d < half, -1.0, 1.0)
+        pool_head = (tl.load(slots_ptr + b).to(tl.int64) * HKV + kvh) * W * D
+        start = tl.load(start_ptr + b)
+
+        # The keys in two tiles: the pool's W history rows as they are, and the T new frames'
+        # (rotated here; key-axis rows W + t). Scores from both share one softmax.
+        j = tl.arange(0, BLOCK_H)[:, None]
+        hm = (j < W) & dm
+        k_old = tl.load(pk_ptr + pool_head + j * D + d, mask=hm, other=0.0)
+        v_old = tl.load(pv_ptr + pool_head + j * D + d, mask=hm, other=0.0)
+        tn = tl.arange(0, BLOCK_T)[:, None]
+        k_new, v_new = new_kv_rows(qkv_ptr, cos_ptr, sin_ptr, qkv_ptr, qkv_ptr, qkv_ptr, b, kvh, W + tn, d, pd, sign, dm,
+                                   T, W, H, HKV, D, sqb, sqt, scb, sct, STORE=False)
+        k_new, v_new = k_new.to(att_ty), v_new.to(att_ty)
+
+        # Positions relative to the row's start: query t; history row j is frame j - W, new key u is frame u.
+        t = tl.arange(0, BLOCK_T)[:, None]
+        old_p = tl.arange(0, BLOCK_H)[None, :] - W
+        new_p = tl.arange(0, BLOCK_T)[None, :]
+        seen_old = (old_p > t - WINDOW) & (start + old_p >= 0) & (old_p < 0) & (t < T)
+        seen_new = (new_p <= t) & (new_p > t - WINDOW) & (t < T)
+        tm = (t < T) & dm
+        cos = tl.load(cos_ptr + b * scb + t * sct + d, mask=tm, other=0.0).to(tl.float32)
+        sin = tl.load(sin_ptr + b * scb + t * sct + d, mask=tm, other=0.0).to(tl.float32)
+        for g in tl.static_range(GROUP):
+            h = kvh * GROUP + g
+            q = rotated(qkv_ptr + b * sqb + t * sqt + h * D, d, pd, sign, cos, sin, tm).to(att_ty)
+            s_old = tl.where(seen_old, _dot(q, tl.trans(k_old), IEEE) * sm_scale, float("-inf"))
+            s_new = tl.where(seen_new, _dot(q, tl.trans(k_new), IEEE) * sm_scale, float("-inf"))
+            top = tl.maximum(tl.max(s_old, axis=1), tl.max(s_new, axis=1))[:, None]
+            top = tl.where(top == float("-inf"), 0.0, top)  # rows past T: all masked, p = 0
+            p_old, p_new = tl.exp(s_old - top), tl.exp(s_new - top)
+            total = (tl.sum(p_old, axis=1) + tl.sum(p_new, axis=1))[:, None]
+            o = _dot(p_old.to(att_ty), v_old, IEEE) + _dot(p_new.to(att_ty), v_new, IEEE)
+            o = (o / tl.where(total > 0, total, 1.0)).to(att_ty)
+            tl.store(out_ptr + (b * T + t) * (H * D) + h * D + d, o.to(out_ptr.dtype.element_ty), mask=tm)
+
+        # The slot's new history: row j is key-axis row n_new + j.
+        tl.debug_barrier()  # every pool read above before the first store
+        n_new = tl.load(n_new_ptr + b)
+        r = tl.arange(0, CHUNK)[:, None]
+        for i in tl.static_range(CHUNKS):  # increasing j: no chunk reads a row an earlier one wrote
+            j = i * CHUNK + r
+            m = (j < W) & dm
+            kk, vv = kept_rows(pk_ptr, pv_ptr, pool_head, qkv_ptr, cos_ptr, sin_ptr, b, kvh, n_new + j, d, pd, sign, m,
+                               T, W, H, HKV, D, sqb, sqt, scb, sct, att_ty)
+            tl.debug_barrier()  # all of this chunk's pool loads before any store to it
+            tl.store(pk_ptr + pool_head + j * D + d, kk, mask=m)
+            tl.store(pv_ptr + pool_head + j * D + d, vv, mask=m)
+
+
+CHUNK = 32  # history rows written back per chunk: a [CHUNK, D] fp32 pair in registers at a time
+
+
+def applies(x: Tensor, pool_k: Tensor, pool_v: Tensor, attention_dtype: torch.dtype, max_frames: int) -> bool:
+    """Where :func:`attend` runs for a step's ``x`` [B, T, ...]: the Triton gate
+    (``snake.fused``), at most ``max_frames`` frames a row (``LayerChoices.attention_frames``;
+    0: never), and dense pools (StatePool's are; the kernel writes them in place) kept in the
+    dtype attention runs in."""
+    return (0 < x.shape[1] <= max_frames and snake.fused(x) and pool_k.is_contiguous() and pool_v.is_contiguous()
+            and pool_k.dtype == pool_v.dtype == attention_dtype)
+
+
+def attend(
+    qkv: Tensor, n_heads: int, n_kv: int, cos: Tensor, sin: Tensor, pool_k: Tensor, pool_v: Tensor,
+    slots: Tensor, n_new: Tensor, start: Tensor, window: int, out_dtype: torch.dtype,
+) -> Tensor:
+    """Attention of a streaming step from the fused projection ``qkv`` [B, T, (H + 2 Hkv) D]
+    and RoPE tables ``cos``/``sin`` [B, T, D] over each row's pool history (``pool_*`` [slots,
+    Hkv, W, D], in the dtype attention runs in) and its new frames, with the sliding ``window``
+    (keys at most ``window - 1`` frames back); returns ``[B, T, H * D]`` in ``out_dtype`` (the
+    output projection's input) and writes each row's last ``W`` valid keys/values to its slot,
+    as ``rope_kv_cat`` with ``n_new``, SDPA and the output copy do together."""
+    B, T, E = qkv.shape
+    D = E // (n_heads + 2 * n_kv)
+    W = pool_k.shape[2]
+    if max(qkv.numel(), pool_k.numel(), B * T * n_heads * D) >= 2**31:
+        raise ValueError("attend indexes with int32 offsets: tensors of 2**31 elements or more")
+    if qkv.stride(-1) != 1:
+        qkv = qkv.contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()
+    out = qkv.new_empty(B, T, n_heads * D, dtype=out_dtype)
+    block_h = max(16, triton.next_power_of_2(W))
+    _attend_kernel[(B * n_kv,)](
+        qkv, cos, sin, pool_k, pool_v, slots, n_new, start, out,
+        T, W, window, n_heads, n_kv, D, qkv.stride(0), qkv.stride(1), cos.stride(0), cos.stride(1), 1.0 / math.sqrt(D),
+        GROUP=n_heads // n_kv, BLOCK_T=max(16, triton.next_power_of_2(T)), BLOCK_H=block_h,
+        BLOCK_D=max(16, triton.next_power_of_2(D)), CHUNK=min(CHUNK, block_h), CHUNKS=triton.cdiv(W, min(CHUNK, block_h)),
+        IEEE=pool_k.dtype == torch.float32, num_warps=8 if pool_k.dtype == torch.float32 else 4, **pdl.options(qkv),
+    )
+    return out
