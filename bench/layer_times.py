@@ -109,8 +109,9 @@ def children(name: str, names: list[str]) -> list[str]:
 
 
 def own(name: str, times: dict[str, float], names: list[str]) -> float:
-    """A layer's time less its timed children's (a residual unit less its k=7 conv: the tail)."""
-    return times[name] - sum(times[n] for n in children(name, names))
+    """A layer's time less its timed children's (a residual unit less its k=7 conv: the tail;
+    a child that did not run, a one-kernel unit's conv, counts nothing)."""
+    return times[name] - sum(times.get(n, 0.0) for n in children(name, names))
 
 
 def main() -> int:
@@ -154,7 +155,7 @@ def main() -> int:
         print(f"=== {b} x {t}: step {step_us:.0f} us (events), kernels {busy:.0f} us, {len(kernels)} kernels; "
               f"layer ranges on the GPU: {len(ranges)} of {len(names)}")
         print(f"{'layer':<28}{'us':>8}{'own us':>8}  top kernels (us)")
-        for name in names:
+        for name in [n for n in names if n in times]:  # a one-kernel unit's conv never runs
             ks = inside(ranges[name], kernels) if name in ranges else Counter()
             for n in children(name, names):  # a unit's own kernels: its tail's
                 ks -= inside(ranges[n], kernels) if n in ranges else Counter()
@@ -162,11 +163,11 @@ def main() -> int:
             print(f"{name:<28}{times[name]:>8.1f}{own(name, times, names):>8.1f}  {top}")
         top_level = [n for n in names if not any(n.startswith(o + ".") for o in names if o != n)]
         by_kind: dict[str, float] = defaultdict(float)
-        for name in names:
+        for name in [n for n in names if n in times]:
             kind = type(layers[name]).__name__
             by_kind[f"{kind} (own)" if children(name, names) else kind] += own(name, times, names)
         print("by kind: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])))
-        print(f"{'sum of top-level layers':<28}{sum(times[n] for n in top_level):>8.1f}   (rest of the step: dequantize, clamp, gaps)")
+        print(f"{'sum of top-level layers':<28}{sum(times.get(n, 0.0) for n in top_level):>8.1f}   (rest of the step: dequantize, clamp, gaps)")
     return 0
 
 

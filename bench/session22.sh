@@ -4,7 +4,9 @@
 #                               LayerChoices.attention_frames): the quick GPU checks, graph replay per
 #                               step shape and the eager steps' kernels (default vs attention_frames=0),
 #                               the 1 x 1 step layer by layer, a lone stream's first packet back to back,
-#                               sustained 1 / 64 / 256 both ways
+#                               sustained 1 / 64 / 256 both ways (call 1 at 4777390; call 2 at the next
+#                               commit: the history written back from registers, 8 warps; Triton's
+#                               cache kept for call 3)
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 sustained() {  # $1 the run's name, then code2wav.bench's extra arguments
@@ -26,6 +28,7 @@ a)
   FIRST_PACKET_PAUSE_MS=0 timeout 120 python3 bench/first_packet.py 300 2>&1 | tee "$OUT/first_packet.txt" | tail -14 | tee -a "$log"
   sustained default
   sustained attn0 --set layers.attention_frames=0
+  keep_triton_cache
   ;;
 *) echo "usage: bash bench/session22.sh a"; exit 2 ;;
 esac

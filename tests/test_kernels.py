@@ -571,19 +571,18 @@ def test_rope_kv_cat_and_write_match_eager(monkeypatch, pooled, tiles):
     assert close(sk, want_k) and close(sv, want_v)
 
 
-@pytest.mark.parametrize("T", [1, 4])
-@pytest.mark.parametrize("chunk", [2, 32])
-def test_attention_kernel_matches_rope_kv_cat_sdpa_and_write(monkeypatch, T, chunk):
+@pytest.mark.parametrize("T", [1, 4, 7])
+def test_attention_kernel_matches_rope_kv_cat_sdpa_and_write(T):
     """One kernel for a step's attention layer against the path it replaces: rope_kv_cat (with
     the history write), the position mask (Attention.mask), SDPA and the [B, T, H * D] copy.
     Rows: cold (start 0), younger than the window, rolling, a ragged one (n_new < T) and two
-    padding rows on the scratch slot; 4 query heads over 2 kv heads; a 6-frame window so the
-    mask bites inside the step. Chunks of 2 history rows make the write-back read rows a later
-    chunk overwrites. Same output, same pool afterwards; in bf16, the same rounding points."""
+    padding rows on the scratch slot; 4 query heads over 2 kv heads; a 6-frame window (W = 5
+    history rows) so the mask bites inside the step, and at T = 7 more new frames than history
+    rows. The write-back overwrites rows it reads (the history shifts by n_new). Same output,
+    same pool afterwards; in a half dtype, the same rounding points."""
     from code2wav.kernels import attention
     from code2wav.model.transformer import Attention, _additive_mask
 
-    monkeypatch.setattr(attention, "CHUNK", chunk)
     g = torch.Generator().manual_seed(16)
     B, H, Hkv, D, W = 6, 4, 2, 16, 5
     qkv = torch.randn(B, T, (H + 2 * Hkv) * D, generator=g)
@@ -649,14 +648,12 @@ def test_transformer_fused_path_equals_eager(monkeypatch, pooled, tiles):
     """The fused path (fused projections + every transformer kernel: in this 4-frame step each
     layer's attention as one kernel, or with ``attention_frames = 0`` rope_kv_cat with the
     history write, then SDPA) against the module code: same output, same pool state afterwards
-    (every slot: padding rows on the scratch slot too). With many tiles the KV window's 71
-    history rows take 36 chunks of 2 (in both kernels)."""
-    from code2wav.kernels import attention
+    (every slot: padding rows on the scratch slot too). With many tiles rope_kv_cat walks the KV
+    window's 71 history rows in 36 chunks of 2."""
     from code2wav.model.choices import LayerChoices
 
     if tiles == "many":
         monkeypatch.setattr(snake, "BLOCK", 32)
-        monkeypatch.setattr(attention, "CHUNK", 2)
     tr = model(SMALL, torch.float32).pre_transformer
     assert tr.is_fused  # tests/models.py fuses like load_decoder
     monkeypatch.setattr(tr, "choices", LayerChoices(attention_frames=0 if tiles == "attention-kernel-off" else 4))

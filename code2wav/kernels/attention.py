@@ -9,9 +9,9 @@ head) does all of it: it holds the row's whole key axis ``[pool history (W rows)
 queries, masks by position as :meth:`Attention.mask <code2wav.model.transformer.Attention.mask>`
 does (causal, within the sliding window, no key before position 0), takes the softmax in fp32
 and writes its heads' outputs straight into the projection's rows. Then it writes the slot's
-new history back, as ``rope_kv_cat`` with ``n_new`` does: after a barrier (every read of the
-pool in this program is done), in chunks of increasing history row, each chunk's reads before
-its stores (kernels/transformer.py's ``kept_rows``; the same order argument).
+new history back, as ``rope_kv_cat`` with ``n_new`` does, from registers: the shifted history
+rows were loaded with the keys, the new frames' keys and values computed for attention, and a
+barrier puts every read of the pool in the program before the first store.
 
 One program owns every pool access of its (slot, kv head), so reads and writes do not race;
 with grouped-query attention it loops over the group's query heads. The same rounding points as
@@ -34,7 +34,7 @@ if triton is not None:
     import triton.language as tl
 
     from code2wav.kernels.pdl import wait_previous
-    from code2wav.kernels.transformer import kept_rows, new_kv_rows, rotated
+    from code2wav.kernels.transformer import new_kv_rows, rotated
 
     @triton.jit
     def _dot(a, b, IEEE: tl.constexpr):
@@ -48,7 +48,7 @@ if triton is not None:
         qkv_ptr, cos_ptr, sin_ptr, pk_ptr, pv_ptr, slots_ptr, n_new_ptr, start_ptr, out_ptr,
         T, W, WINDOW, H, HKV, D, sqb, sqt, scb, sct, sm_scale,
         GROUP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-        CHUNK: tl.constexpr, CHUNKS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
+        IEEE: tl.constexpr, PDL: tl.constexpr,
     ):
         wait_previous(PDL)  # before any memory access (kernels/pdl.py)
         b = tl.program_id(0) // HKV
@@ -63,11 +63,17 @@ if triton is not None:
         start = tl.load(start_ptr + b)
 
         # The keys in two tiles: the pool's W history rows as they are, and the T new frames'
-        # (rotated here; key-axis rows W + t). Scores from both share one softmax.
+        # (rotated here; key-axis rows W + t). Scores from both share one softmax. The slot's
+        # new history is loaded now too: row j is key-axis row n_new + j, the pool's row
+        # n_new + j while that is < W (``shifted``), else new frame j - (W - n_new).
+        n_new = tl.load(n_new_ptr + b)
         j = tl.arange(0, BLOCK_H)[:, None]
         hm = (j < W) & dm
         k_old = tl.load(pk_ptr + pool_head + j * D + d, mask=hm, other=0.0)
         v_old = tl.load(pv_ptr + pool_head + j * D + d, mask=hm, other=0.0)
+        kept = hm & (n_new + j < W) & (n_new > 0)  # no new frame: the slot's history stays as it is
+        k_shifted = tl.load(pk_ptr + pool_head + (n_new + j) * D + d, mask=kept, other=0.0)
+        v_shifted = tl.load(pv_ptr + pool_head + (n_new + j) * D + d, mask=kept, other=0.0)
         tn = tl.arange(0, BLOCK_T)[:, None]
         k_new, v_new = new_kv_rows(qkv_ptr, cos_ptr, sin_ptr, qkv_ptr, qkv_ptr, qkv_ptr, b, kvh, W + tn, d, pd, sign, dm,
                                    T, W, H, HKV, D, sqb, sqt, scb, sct, STORE=False)
@@ -95,22 +101,13 @@ if triton is not None:
             o = (o / tl.where(total > 0, total, 1.0)).to(att_ty)
             tl.store(out_ptr + (b * T + t) * (H * D) + h * D + d, o.to(out_ptr.dtype.element_ty), mask=tm)
 
-        # The slot's new history: row j is key-axis row n_new + j.
-        tl.debug_barrier()  # every pool read above before the first store
-        n_new = tl.load(n_new_ptr + b)
-        r = tl.arange(0, CHUNK)[:, None]
-        for i in tl.static_range(CHUNKS):  # increasing j: no chunk reads a row an earlier one wrote
-            j = i * CHUNK + r
-            m = (j < W) & dm
-            kk, vv = kept_rows(pk_ptr, pv_ptr, pool_head, qkv_ptr, cos_ptr, sin_ptr, b, kvh, n_new + j, d, pd, sign, m,
-                               T, W, H, HKV, D, sqb, sqt, scb, sct, att_ty)
-            tl.debug_barrier()  # all of this chunk's pool loads before any store to it
-            tl.store(pk_ptr + pool_head + j * D + d, kk, mask=m)
-            tl.store(pv_ptr + pool_head + j * D + d, vv, mask=m)
-
-
-CHUNK = 32  # history rows written back per chunk: a [CHUNK, D] fp32 pair in registers at a time
-
+        # The new history, from registers: every read of the pool above is done first.
+        tl.debug_barrier()
+        tl.store(pk_ptr + pool_head + j * D + d, k_shifted, mask=kept)
+        tl.store(pv_ptr + pool_head + j * D + d, v_shifted, mask=kept)
+        fresh = (tn < n_new) & (tn >= n_new - W) & dm  # new frame u goes to row W - n_new + u
+        tl.store(pk_ptr + pool_head + (W - n_new + tn) * D + d, k_new, mask=fresh)
+        tl.store(pv_ptr + pool_head + (W - n_new + tn) * D + d, v_new, mask=fresh)
 
 def applies(x: Tensor, pool_k: Tensor, pool_v: Tensor, attention_dtype: torch.dtype, max_frames: int) -> bool:
     """Where :func:`attend` runs for a step's ``x`` [B, T, ...]: the Triton gate
@@ -145,7 +142,7 @@ def attend(
         qkv, cos, sin, pool_k, pool_v, slots, n_new, start, out,
         T, W, window, n_heads, n_kv, D, qkv.stride(0), qkv.stride(1), cos.stride(0), cos.stride(1), 1.0 / math.sqrt(D),
         GROUP=n_heads // n_kv, BLOCK_T=max(16, triton.next_power_of_2(T)), BLOCK_H=block_h,
-        BLOCK_D=max(16, triton.next_power_of_2(D)), CHUNK=min(CHUNK, block_h), CHUNKS=triton.cdiv(W, min(CHUNK, block_h)),
-        IEEE=pool_k.dtype == torch.float32, num_warps=8 if pool_k.dtype == torch.float32 else 4, **pdl.options(qkv),
+        BLOCK_D=max(16, triton.next_power_of_2(D)),
+        IEEE=pool_k.dtype == torch.float32, num_warps=8, **pdl.options(qkv),
     )
     return out
