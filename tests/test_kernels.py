@@ -605,7 +605,8 @@ def test_attention_kernel_matches_rope_kv_cat_sdpa_and_write(T):
     want_k, want_v = pool_k.clone(), pool_v.clone()
     want = two_kernels(want_k, want_v, torch.float32)
     got_k, got_v = pool_k.clone(), pool_v.clone()
-    got = attention.attend(qkv, H, Hkv, cos, sin, got_k, got_v, slots, n_new, start, W + 1, torch.float32)
+    inv_freq = Rotary(D, 10000.0).inv_freq
+    got = attention.attend(qkv, H, Hkv, inv_freq, got_k, got_v, slots, n_new, start, W + 1, torch.float32)
     valid = torch.arange(T)[None, :] < n_new[:, None]  # padding frames' outputs are never read
     assert close(got[valid], want[valid])
     assert close(got_k, want_k) and close(got_v, want_v)
@@ -617,7 +618,7 @@ def test_attention_kernel_matches_rope_kv_cat_sdpa_and_write(T):
     half_k, half_v = pool_k.half(), pool_v.half()
     want_hk, want_hv = half_k.clone(), half_v.clone()
     want = two_kernels(want_hk, want_hv, torch.float16)
-    got = attention.attend(qkv, H, Hkv, cos, sin, half_k, half_v, slots, n_new, start, W + 1, torch.float32)
+    got = attention.attend(qkv, H, Hkv, inv_freq, half_k, half_v, slots, n_new, start, W + 1, torch.float32)
     assert torch.equal(half_k, want_hk) and torch.equal(half_v, want_hv)
     assert close(got[valid], want[valid], 2e-3)
 

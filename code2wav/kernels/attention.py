@@ -1,16 +1,17 @@
 """A streaming step's attention as one kernel per layer (Triton on CUDA).
 
-In a step of few frames a row, attention is launch-bound: ``rope_kv_cat`` (RoPE, the KV
-history read and written), the step's mask built op by op, SDPA, and the copy of its
-``[B, H, T, D]`` output into the ``[B, T, H * D]`` rows the output projection reads are ~3
-launches a layer and ~10 a step, each doing a few KB of work. Here one program per (row, kv
+In a step of few frames a row, attention is launch-bound: the RoPE tables, ``rope_kv_cat``
+(RoPE, the KV history read and written), the step's mask built op by op, SDPA, and the copy of
+its ``[B, H, T, D]`` output into the ``[B, T, H * D]`` rows the output projection reads are ~3
+launches a layer and ~15 a step, each doing a few KB of work. Here one program per (row, kv
 head) does all of it: it holds the row's whole key axis ``[pool history (W rows), new frames
-(T)]`` (at most ``max_frames`` new ones, so the keys fit one tile), rotates the new keys and
-queries, masks by position as :meth:`Attention.mask <code2wav.model.transformer.Attention.mask>`
-does (causal, within the sliding window, no key before position 0), takes the softmax in fp32
-and writes its heads' outputs straight into the projection's rows. Then it writes the slot's
-new history back, as ``rope_kv_cat`` with ``n_new`` does, from registers: the shifted history
-rows were loaded with the keys, the new frames' keys and values computed for attention, and a
+(T)]`` (at most ``max_frames`` new ones, so the keys fit one tile); rotates the new keys and
+queries, the angles from the row's start position as ``Rotary`` computes them (fp32 position
+times fp32 frequency, precise cosine and sine); masks by position as ``Attention.mask`` does
+(causal, within the sliding window, no key before position 0); takes the softmax in fp32; and
+writes its heads' outputs straight into the projection's rows. Then it writes the slot's new
+history back, as ``rope_kv_cat`` with ``n_new`` does, from registers: the shifted history rows
+were loaded with the keys, the new frames' keys and values computed for attention, and a
 barrier puts every read of the pool in the program before the first store.
 
 One program owns every pool access of its (slot, kv head), so reads and writes do not race;
@@ -34,7 +35,7 @@ if triton is not None:
     import triton.language as tl
 
     from code2wav.kernels.pdl import wait_previous
-    from code2wav.kernels.transformer import new_kv_rows, rotated
+    from code2wav.kernels.transformer import rotated
 
     @triton.jit
     def _dot(a, b, IEEE: tl.constexpr):
@@ -45,8 +46,8 @@ if triton is not None:
 
     @triton.jit
     def _attend_kernel(
-        qkv_ptr, cos_ptr, sin_ptr, pk_ptr, pv_ptr, slots_ptr, n_new_ptr, start_ptr, out_ptr,
-        T, W, WINDOW, H, HKV, D, sqb, sqt, scb, sct, sm_scale,
+        qkv_ptr, inv_freq_ptr, pk_ptr, pv_ptr, slots_ptr, n_new_ptr, start_ptr, out_ptr,
+        T, W, WINDOW, H, HKV, D, sqb, sqt, sm_scale,
         GROUP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
         IEEE: tl.constexpr, PDL: tl.constexpr,
     ):
@@ -74,23 +75,24 @@ if triton is not None:
         kept = hm & (n_new + j < W) & (n_new > 0)  # no new frame: the slot's history stays as it is
         k_shifted = tl.load(pk_ptr + pool_head + (n_new + j) * D + d, mask=kept, other=0.0)
         v_shifted = tl.load(pv_ptr + pool_head + (n_new + j) * D + d, mask=kept, other=0.0)
-        tn = tl.arange(0, BLOCK_T)[:, None]
-        k_new, v_new = new_kv_rows(qkv_ptr, cos_ptr, sin_ptr, qkv_ptr, qkv_ptr, qkv_ptr, b, kvh, W + tn, d, pd, sign, dm,
-                                   T, W, H, HKV, D, sqb, sqt, scb, sct, STORE=False)
-        k_new, v_new = k_new.to(att_ty), v_new.to(att_ty)
+        # RoPE angles of the new frames, as Rotary computes them: the position in fp32 times
+        # the fp32 frequency, its precise cosine and sine (rows past T: masked everywhere).
+        t = tl.arange(0, BLOCK_T)[:, None]
+        tm = (t < T) & dm
+        angle = (start + t).to(tl.float32) * tl.load(inv_freq_ptr + tl.where(d < half, d, d - half), mask=dm, other=0.0)
+        cos, sin = tl.cos(angle), tl.sin(angle)
+        row = qkv_ptr + b * sqb + t * sqt
+        k_new = rotated(row + (H + kvh) * D, d, pd, sign, cos, sin, tm).to(att_ty)
+        v_new = tl.load(row + (H + HKV + kvh) * D + d, mask=tm, other=0.0).to(att_ty)
 
         # Positions relative to the row's start: query t; history row j is frame j - W, new key u is frame u.
-        t = tl.arange(0, BLOCK_T)[:, None]
         old_p = tl.arange(0, BLOCK_H)[None, :] - W
         new_p = tl.arange(0, BLOCK_T)[None, :]
         seen_old = (old_p > t - WINDOW) & (start + old_p >= 0) & (old_p < 0) & (t < T)
         seen_new = (new_p <= t) & (new_p > t - WINDOW) & (t < T)
-        tm = (t < T) & dm
-        cos = tl.load(cos_ptr + b * scb + t * sct + d, mask=tm, other=0.0).to(tl.float32)
-        sin = tl.load(sin_ptr + b * scb + t * sct + d, mask=tm, other=0.0).to(tl.float32)
         for g in tl.static_range(GROUP):
             h = kvh * GROUP + g
-            q = rotated(qkv_ptr + b * sqb + t * sqt + h * D, d, pd, sign, cos, sin, tm).to(att_ty)
+            q = rotated(row + h * D, d, pd, sign, cos, sin, tm).to(att_ty)
             s_old = tl.where(seen_old, _dot(q, tl.trans(k_old), IEEE) * sm_scale, float("-inf"))
             s_new = tl.where(seen_new, _dot(q, tl.trans(k_new), IEEE) * sm_scale, float("-inf"))
             top = tl.maximum(tl.max(s_old, axis=1), tl.max(s_new, axis=1))[:, None]
@@ -105,9 +107,9 @@ if triton is not None:
         tl.debug_barrier()
         tl.store(pk_ptr + pool_head + j * D + d, k_shifted, mask=kept)
         tl.store(pv_ptr + pool_head + j * D + d, v_shifted, mask=kept)
-        fresh = (tn < n_new) & (tn >= n_new - W) & dm  # new frame u goes to row W - n_new + u
-        tl.store(pk_ptr + pool_head + (W - n_new + tn) * D + d, k_new, mask=fresh)
-        tl.store(pv_ptr + pool_head + (W - n_new + tn) * D + d, v_new, mask=fresh)
+        fresh = (t < n_new) & (t >= n_new - W) & dm  # new frame u goes to row W - n_new + u
+        tl.store(pk_ptr + pool_head + (W - n_new + t) * D + d, k_new, mask=fresh)
+        tl.store(pv_ptr + pool_head + (W - n_new + t) * D + d, v_new, mask=fresh)
 
 def applies(x: Tensor, pool_k: Tensor, pool_v: Tensor, attention_dtype: torch.dtype, max_frames: int) -> bool:
     """Where :func:`attend` runs for a step's ``x`` [B, T, ...]: the Triton gate
@@ -119,11 +121,12 @@ def applies(x: Tensor, pool_k: Tensor, pool_v: Tensor, attention_dtype: torch.dt
 
 
 def attend(
-    qkv: Tensor, n_heads: int, n_kv: int, cos: Tensor, sin: Tensor, pool_k: Tensor, pool_v: Tensor,
+    qkv: Tensor, n_heads: int, n_kv: int, inv_freq: Tensor, pool_k: Tensor, pool_v: Tensor,
     slots: Tensor, n_new: Tensor, start: Tensor, window: int, out_dtype: torch.dtype,
 ) -> Tensor:
     """Attention of a streaming step from the fused projection ``qkv`` [B, T, (H + 2 Hkv) D]
-    and RoPE tables ``cos``/``sin`` [B, T, D] over each row's pool history (``pool_*`` [slots,
+    (RoPE at positions ``start[b] + t`` with :class:`Rotary`'s fp32 ``inv_freq`` [D / 2], its
+    angles computed here) over each row's pool history (``pool_*`` [slots,
     Hkv, W, D], in the dtype attention runs in) and its new frames, with the sliding ``window``
     (keys at most ``window - 1`` frames back); returns ``[B, T, H * D]`` in ``out_dtype`` (the
     output projection's input) and writes each row's last ``W`` valid keys/values to its slot,
@@ -135,12 +138,11 @@ def attend(
         raise ValueError("attend indexes with int32 offsets: tensors of 2**31 elements or more")
     if qkv.stride(-1) != 1:
         qkv = qkv.contiguous()
-    cos, sin = cos.contiguous(), sin.contiguous()
     out = qkv.new_empty(B, T, n_heads * D, dtype=out_dtype)
     block_h = max(16, triton.next_power_of_2(W))
     _attend_kernel[(B * n_kv,)](
-        qkv, cos, sin, pool_k, pool_v, slots, n_new, start, out,
-        T, W, window, n_heads, n_kv, D, qkv.stride(0), qkv.stride(1), cos.stride(0), cos.stride(1), 1.0 / math.sqrt(D),
+        qkv, inv_freq, pool_k, pool_v, slots, n_new, start, out,
+        T, W, window, n_heads, n_kv, D, qkv.stride(0), qkv.stride(1), 1.0 / math.sqrt(D),
         GROUP=n_heads // n_kv, BLOCK_T=max(16, triton.next_power_of_2(T)), BLOCK_H=block_h,
         BLOCK_D=max(16, triton.next_power_of_2(D)),
         IEEE=pool_k.dtype == torch.float32, num_warps=8, **pdl.options(qkv),

@@ -100,7 +100,7 @@ if triton is not None:
         return x * cos + sign * xp * sin
 
     @triton.jit
-    def new_kv_rows(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, b, h, s, d, pd, sign, dm,
+    def _new_kv_rows(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, b, h, s, d, pd, sign, dm,
                      T, W, H, HKV, D, sqb, sqt, scb, sct, STORE: tl.constexpr):
         """Rows ``s`` of the key axis [0, W + T) from the new frames ``t = s - W``: stores rotated
         q (every head) and, for kv heads, rotated k and plain v at ``s`` when ``STORE``; rows
@@ -123,7 +123,7 @@ if triton is not None:
         return k, v
 
     @triton.jit
-    def kept_rows(pk_ptr, pv_ptr, pool_head, qkv_ptr, cos_ptr, sin_ptr, b, h, src, d, pd, sign, m,
+    def _kept_rows(pk_ptr, pv_ptr, pool_head, qkv_ptr, cos_ptr, sin_ptr, b, h, src, d, pd, sign, m,
                   T, W, H, HKV, D, sqb, sqt, scb, sct, out_ty: tl.constexpr):
         """A slot's new history rows: key-axis rows ``src`` (``n_new + j`` for history row
         ``j``) of ``[pool history, new frames]``, from the pool where ``src < W``, else the new
@@ -132,7 +132,7 @@ if triton is not None:
         hm = m & (src < W)
         kept_k = tl.load(pk_ptr + pool_head + src * D + d, mask=hm, other=0.0).to(tl.float32)
         kept_v = tl.load(pv_ptr + pool_head + src * D + d, mask=hm, other=0.0).to(tl.float32)
-        k, v = new_kv_rows(qkv_ptr, cos_ptr, sin_ptr, qkv_ptr, qkv_ptr, qkv_ptr, b, h, src, d, pd, sign, m,
+        k, v = _new_kv_rows(qkv_ptr, cos_ptr, sin_ptr, qkv_ptr, qkv_ptr, qkv_ptr, b, h, src, d, pd, sign, m,
                            T, W, H, HKV, D, sqb, sqt, scb, sct, STORE=False)
         return tl.where(src < W, kept_k, k).to(out_ty), tl.where(src < W, kept_v, v).to(out_ty)
 
@@ -172,7 +172,7 @@ if triton is not None:
                         old_k = tl.load(pk_ptr + pool_head + j * D + d, mask=m, other=0.0).to(tl.float32)
                         old_v = tl.load(pv_ptr + pool_head + j * D + d, mask=m, other=0.0).to(tl.float32)
                         if WRITE:
-                            k, v = kept_rows(pk_ptr, pv_ptr, pool_head, qkv_ptr, cos_ptr, sin_ptr, b, h, start + j, d, pd, sign, m,
+                            k, v = _kept_rows(pk_ptr, pv_ptr, pool_head, qkv_ptr, cos_ptr, sin_ptr, b, h, start + j, d, pd, sign, m,
                                              T, W, H, HKV, D, sqb, sqt, scb, sct, k_ptr.dtype.element_ty)
                             tl.debug_barrier()  # all of this chunk's pool loads before any store to it
                             tl.store(pk_ptr + pool_head + j * D + d, k.to(pk_ptr.dtype.element_ty), mask=m)
@@ -181,11 +181,11 @@ if triton is not None:
                         tl.store(v_ptr + out_head + j * D + d, old_v.to(v_ptr.dtype.element_ty), mask=m)
             else:
                 s = W + (tl.program_id(1) - 1) * ROWS + r
-                new_kv_rows(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, b, h, s, d, pd, sign, dm,
+                _new_kv_rows(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, b, h, s, d, pd, sign, dm,
                              T, W, H, HKV, D, sqb, sqt, scb, sct, STORE=True)
         else:
             s = tl.program_id(1) * ROWS + r
-            new_kv_rows(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, b, h, s, d, pd, sign, dm,
+            _new_kv_rows(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, b, h, s, d, pd, sign, dm,
                          T, W, H, HKV, D, sqb, sqt, scb, sct, STORE=True)
 
     @triton.jit

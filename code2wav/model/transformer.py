@@ -129,16 +129,18 @@ class Attention(StreamingLayer):
         """This layer's key and value histories in ``step``'s pool."""
         return step.pool[f"{self.state_key}.k"], step.pool[f"{self.state_key}.v"]
 
-    def forward_fused(self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor | None, step: Step | None, skinny_on: bool = True) -> Tensor:
+    def forward_fused(self, x: Tensor, rope: tuple[Tensor, Tensor] | Tensor, mask: Tensor | None, step: Step | None,
+                      skinny_on: bool = True) -> Tensor:
         """:meth:`forward` after :meth:`fuse`: one GEMM, then RoPE, the history concat and the
         history write in one kernel (``skinny_on``: ``LayerChoices.skinny_for``). Without a
-        ``mask`` (a step of few frames, ``Transformer._forward_fused``), everything between the
-        two projections is one kernel (kernels/attention.py)."""
+        ``mask`` (a step of few frames, ``Transformer._forward_fused``; ``rope`` is then
+        Rotary's ``inv_freq``), everything between the two projections is one kernel
+        (kernels/attention.py)."""
         B, T, _ = x.shape
         qkv = skinny.linear(x, self.qkv_weight, enabled=skinny_on)
         if mask is None:
-            assert step is not None
-            out = attention.attend(qkv, self.n_heads, self.n_kv, *rope, *self.pool_kv(step), step.slots, step.n_new,
+            assert step is not None and isinstance(rope, Tensor)
+            out = attention.attend(qkv, self.n_heads, self.n_kv, rope, *self.pool_kv(step), step.slots, step.n_new,
                                    step.start, self.sliding_window, x.dtype)
             return skinny.linear(out, self.o_proj.weight, enabled=skinny_on)
         if step is None:
@@ -222,31 +224,35 @@ class Transformer(nn.Module):
 
     def forward(self, x: Tensor, step: Step | None = None) -> Tensor:
         """``x``: [B, T, latent_dim] -> [B, T, latent_dim]."""
-        B, T, _ = x.shape
-        q_pos = torch.arange(T, device=x.device).expand(B, T)
-        if step is not None:
-            q_pos = step.start[:, None] + q_pos
-        rope = self.rotary(q_pos)
         if snake.fused(x) and self.is_fused:
-            return self._forward_fused(x, rope, q_pos, step)
+            return self._forward_fused(x, step)
+        q_pos = self.positions(x, step)
+        rope = self.rotary(q_pos)
         mask = self.layers[0].self_attn.mask(q_pos, step)  # the same for every layer
         h = self.input_proj(x)
         for layer in self.layers:
             h = layer(h, rope, mask, step)
         return self.output_proj(self.norm(h))
 
-    def _forward_fused(self, x: Tensor, rope: tuple[Tensor, Tensor], q_pos: Tensor, step: Step | None) -> Tensor:
+    def positions(self, x: Tensor, step: Step | None) -> Tensor:
+        """[B, T] absolute frame positions of ``x``'s frames (from each row's start in a step)."""
+        B, T, _ = x.shape
+        q_pos = torch.arange(T, device=x.device).expand(B, T)
+        return q_pos if step is None else step.start[:, None] + q_pos
+
+    def _forward_fused(self, x: Tensor, step: Step | None) -> Tensor:
         """The layers' math regrouped so each residual add + layer scale shares a kernel with the
         RMSNorm that follows it (the next layer's input norm, or the final norm). In steps of
-        few frames (``LayerChoices.attention_frames``) attention is one kernel that masks by
-        position itself: no mask is built."""
+        few frames (``LayerChoices.attention_frames``) attention is one kernel that rotates and
+        masks by position itself: no RoPE tables, no mask."""
         on = self.choices.skinny_for(x.dtype)
         h = skinny.linear(x, self.input_proj.weight, self.input_proj.bias, enabled=on)
         first = self.layers[0].self_attn
         dtype = first.attention_dtype or h.dtype
-        bias = None
+        rope, bias = self.rotary.inv_freq, None
         if not (step is not None and attention.applies(h, *first.pool_kv(step), dtype, self.choices.attention_frames)):
-            bias = _additive_mask(first.mask(q_pos, step), dtype)
+            q_pos = self.positions(x, step)
+            rope, bias = self.rotary(q_pos), _additive_mask(first.mask(q_pos, step), dtype)
         layers = list(self.layers)
         n = rms_norm(h, layers[0].input_layernorm.weight, layers[0].input_layernorm.eps)
         for i, layer in enumerate(layers):
