@@ -659,6 +659,14 @@ def test_pcm16_streams_get_their_float_audio_quantized_by_the_one_rule(dtype):
         assert torch.equal(pcm, torch.from_numpy(to_int16(fl))), q
 
 
+@pytest.mark.parametrize("field, value", [("conv_fold", "sideways"), ("unit_conv_rows", -1), ("attention_frames", -1)])
+def test_layer_choices_refuse_values_no_form_has(field, value):
+    from code2wav.model.choices import LayerChoices
+
+    with pytest.raises(ValueError, match=field):
+        LayerChoices(**{field: value})
+
+
 def test_layer_choices_belong_to_the_model(small64):
     """Two models in one process may run different layer forms: a choice set on one reaches
     every layer of it and none of the other's, and both still equal the float64 forward."""
