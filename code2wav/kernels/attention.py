@@ -111,6 +111,13 @@ if triton is not None:
         tl.store(pk_ptr + pool_head + (W - n_new + t) * D + d, k_new, mask=fresh)
         tl.store(pv_ptr + pool_head + (W - n_new + t) * D + d, v_new, mask=fresh)
 
+
+# Knob: warps a program. ptxas for sm90 (bf16 keys, 16 or 32 query rows) gives the kernel ~235
+# registers a thread at 4 warps and 118-128 at 8; 8 is what was measured on the H200
+# (BENCHMARKS.md), 4 was not.
+NUM_WARPS = 8
+
+
 def applies(x: Tensor, pool_k: Tensor, pool_v: Tensor, attention_dtype: torch.dtype, max_frames: int) -> bool:
     """Where :func:`attend` runs for a step's ``x`` [B, T, ...]: the Triton gate
     (``snake.fused``), at most ``max_frames`` frames a row (``LayerChoices.attention_frames``;
@@ -125,12 +132,12 @@ def attend(
     slots: Tensor, n_new: Tensor, start: Tensor, window: int, out_dtype: torch.dtype,
 ) -> Tensor:
     """Attention of a streaming step from the fused projection ``qkv`` [B, T, (H + 2 Hkv) D]
-    (RoPE at positions ``start[b] + t`` with :class:`Rotary`'s fp32 ``inv_freq`` [D / 2], its
-    angles computed here) over each row's pool history (``pool_*`` [slots,
-    Hkv, W, D], in the dtype attention runs in) and its new frames, with the sliding ``window``
-    (keys at most ``window - 1`` frames back); returns ``[B, T, H * D]`` in ``out_dtype`` (the
-    output projection's input) and writes each row's last ``W`` valid keys/values to its slot,
-    as ``rope_kv_cat`` with ``n_new``, SDPA and the output copy do together."""
+    over each row's pool history (``pool_*`` [slots, Hkv, W, D], in the dtype attention runs
+    in) and its new frames, with the sliding ``window`` (keys at most ``window - 1`` frames
+    back). RoPE is at positions ``start[b] + t`` with ``Rotary``'s fp32 ``inv_freq`` [D / 2],
+    the angles computed here. Returns ``[B, T, H * D]`` in ``out_dtype`` (the output
+    projection's input) and writes each row's last ``W`` valid keys/values to its slot, as
+    ``rope_kv_cat`` with ``n_new``, SDPA and the output copy do together."""
     B, T, E = qkv.shape
     D = E // (n_heads + 2 * n_kv)
     W = pool_k.shape[2]
@@ -145,6 +152,6 @@ def attend(
         T, W, window, n_heads, n_kv, D, qkv.stride(0), qkv.stride(1), 1.0 / math.sqrt(D),
         GROUP=n_heads // n_kv, BLOCK_T=max(16, triton.next_power_of_2(T)), BLOCK_H=block_h,
         BLOCK_D=max(16, triton.next_power_of_2(D)),
-        IEEE=pool_k.dtype == torch.float32, num_warps=8, **pdl.options(qkv),
+        IEEE=pool_k.dtype == torch.float32, num_warps=NUM_WARPS, **pdl.options(qkv),
     )
     return out
