@@ -151,6 +151,17 @@ def main() -> int:
     apart = ((s_other - s32).abs().max() / ref.abs().max()).item()
     check(f"pdl={other.pdl}: graph fp32 stream vs fp64 forward", err_other <= 1e-4,
           f"max err / peak {err_other:.2e}; from the default's stream {apart:.2e}")
+    # 3a (attention). Attention as RoPE + KV concat, a mask and SDPA (LayerChoices.attention_frames=0)
+    # instead of one kernel a layer (kernels/attention.py, the default): the fp32 stream within
+    # check 2's bound and how far it lies from the default's, the bf16 stream within the SNR bound.
+    sdpa = replace(m32.layer_choices, attention_frames=0)
+    s_sdpa = graph_stream(load(weights, torch.float32, "cuda", layers=sdpa), codes).double()
+    err_sdpa = ((s_sdpa - ref).abs().max() / ref.abs().max()).item()
+    apart = ((s_sdpa - s32).abs().max() / ref.abs().max()).item()
+    snr_sdpa = snr_db(ref, graph_stream(load(weights, torch.bfloat16, "cuda", layers=sdpa), codes).float())
+    check("attention_frames=0 (RoPE + KV concat, SDPA): fp32 stream vs fp64, bf16 stream SNR >= 30 dB",
+          err_sdpa <= 1e-4 and snr_sdpa >= 30.0,
+          f"max err / peak {err_sdpa:.2e}, from the default's stream {apart:.2e}; {snr_sdpa:.1f} dB (default layers {snr:.1f} dB)")
     # 3b. Every residual unit as one kernel (LayerChoices.unit_conv_rows=1: at every step size
     # its tiles cover): the bf16 stream within the same bound.
     one_kernel = replace(m32.layer_choices, unit_conv_rows=1)
