@@ -123,20 +123,6 @@ if triton is not None:
         return k, v
 
     @triton.jit
-    def _kept_rows(pk_ptr, pv_ptr, pool_head, qkv_ptr, cos_ptr, sin_ptr, b, h, src, d, pd, sign, m,
-                  T, W, H, HKV, D, sqb, sqt, scb, sct, out_ty: tl.constexpr):
-        """A slot's new history rows: key-axis rows ``src`` (``n_new + j`` for history row
-        ``j``) of ``[pool history, new frames]``, from the pool where ``src < W``, else the new
-        frame's rotated key and value; rounded to the keys' dtype ``out_ty`` first (the value
-        the keys hold at ``src``, which the eager write copies)."""
-        hm = m & (src < W)
-        kept_k = tl.load(pk_ptr + pool_head + src * D + d, mask=hm, other=0.0).to(tl.float32)
-        kept_v = tl.load(pv_ptr + pool_head + src * D + d, mask=hm, other=0.0).to(tl.float32)
-        k, v = _new_kv_rows(qkv_ptr, cos_ptr, sin_ptr, qkv_ptr, qkv_ptr, qkv_ptr, b, h, src, d, pd, sign, m,
-                           T, W, H, HKV, D, sqb, sqt, scb, sct, STORE=False)
-        return tl.where(src < W, kept_k, k).to(out_ty), tl.where(src < W, kept_v, v).to(out_ty)
-
-    @triton.jit
     def _rope_kv_cat_kernel(
         qkv_ptr, cos_ptr, sin_ptr, pk_ptr, pv_ptr, slots_ptr, n_new_ptr, q_ptr, k_ptr, v_ptr,
         T, W, H, HKV, D, sqb, sqt, scb, sct,
@@ -172,8 +158,15 @@ if triton is not None:
                         old_k = tl.load(pk_ptr + pool_head + j * D + d, mask=m, other=0.0).to(tl.float32)
                         old_v = tl.load(pv_ptr + pool_head + j * D + d, mask=m, other=0.0).to(tl.float32)
                         if WRITE:
-                            k, v = _kept_rows(pk_ptr, pv_ptr, pool_head, qkv_ptr, cos_ptr, sin_ptr, b, h, start + j, d, pd, sign, m,
-                                             T, W, H, HKV, D, sqb, sqt, scb, sct, k_ptr.dtype.element_ty)
+                            src = start + j  # where the new history's row j sits in the key axis
+                            hm = m & (src < W)
+                            kept_k = tl.load(pk_ptr + pool_head + src * D + d, mask=hm, other=0.0).to(tl.float32)
+                            kept_v = tl.load(pv_ptr + pool_head + src * D + d, mask=hm, other=0.0).to(tl.float32)
+                            k, v = _new_kv_rows(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, b, h, src, d, pd, sign, m,
+                                                T, W, H, HKV, D, sqb, sqt, scb, sct, STORE=False)
+                            # Rounded to the keys' dtype first: the value the keys hold at src.
+                            k = tl.where(src < W, kept_k, k).to(k_ptr.dtype.element_ty)
+                            v = tl.where(src < W, kept_v, v).to(v_ptr.dtype.element_ty)
                             tl.debug_barrier()  # all of this chunk's pool loads before any store to it
                             tl.store(pk_ptr + pool_head + j * D + d, k.to(pk_ptr.dtype.element_ty), mask=m)
                             tl.store(pv_ptr + pool_head + j * D + d, v.to(pv_ptr.dtype.element_ty), mask=m)

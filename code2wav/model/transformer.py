@@ -129,20 +129,20 @@ class Attention(StreamingLayer):
         """This layer's key and value histories in ``step``'s pool."""
         return step.pool[f"{self.state_key}.k"], step.pool[f"{self.state_key}.v"]
 
-    def forward_fused(self, x: Tensor, rope: tuple[Tensor, Tensor] | Tensor, mask: Tensor | None, step: Step | None,
-                      skinny_on: bool = True) -> Tensor:
+    def forward_one_kernel(self, x: Tensor, inv_freq: Tensor, step: Step, skinny_on: bool = True) -> Tensor:
+        """:meth:`forward_fused` in a step of few frames (``Transformer._forward_fused``):
+        everything between the two projections is one kernel (kernels/attention.py), RoPE at
+        the rows' positions with Rotary's ``inv_freq``."""
+        qkv = skinny.linear(x, self.qkv_weight, enabled=skinny_on)
+        out = attention.attend(qkv, self.n_heads, self.n_kv, inv_freq, *self.pool_kv(step), step.slots, step.n_new,
+                               step.start, self.sliding_window, x.dtype)
+        return skinny.linear(out, self.o_proj.weight, enabled=skinny_on)
+
+    def forward_fused(self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, step: Step | None, skinny_on: bool = True) -> Tensor:
         """:meth:`forward` after :meth:`fuse`: one GEMM, then RoPE, the history concat and the
-        history write in one kernel (``skinny_on``: ``LayerChoices.skinny_for``). Without a
-        ``mask`` (a step of few frames, ``Transformer._forward_fused``; ``rope`` is then
-        Rotary's ``inv_freq``), everything between the two projections is one kernel
-        (kernels/attention.py)."""
+        history write in one kernel (``skinny_on``: ``LayerChoices.skinny_for``)."""
         B, T, _ = x.shape
         qkv = skinny.linear(x, self.qkv_weight, enabled=skinny_on)
-        if mask is None:
-            assert step is not None and isinstance(rope, Tensor)
-            out = attention.attend(qkv, self.n_heads, self.n_kv, rope, *self.pool_kv(step), step.slots, step.n_new,
-                                   step.start, self.sliding_window, x.dtype)
-            return skinny.linear(out, self.o_proj.weight, enabled=skinny_on)
         if step is None:
             q, k, v = rope_kv_cat(qkv, self.n_heads, self.n_kv, *rope, out_dtype=self.attention_dtype)
         else:
@@ -249,14 +249,15 @@ class Transformer(nn.Module):
         h = skinny.linear(x, self.input_proj.weight, self.input_proj.bias, enabled=on)
         first = self.layers[0].self_attn
         dtype = first.attention_dtype or h.dtype
-        rope, bias = self.rotary.inv_freq, None
-        if not (step is not None and attention.applies(h, *first.pool_kv(step), dtype, self.choices.attention_frames)):
+        one_kernel = step is not None and attention.applies(h, *first.pool_kv(step), dtype, self.choices.attention_frames)
+        if not one_kernel:
             q_pos = self.positions(x, step)
             rope, bias = self.rotary(q_pos), _additive_mask(first.mask(q_pos, step), dtype)
         layers = list(self.layers)
         n = rms_norm(h, layers[0].input_layernorm.weight, layers[0].input_layernorm.eps)
         for i, layer in enumerate(layers):
-            a = layer.self_attn.forward_fused(n, rope, bias, step, on)
+            attn = layer.self_attn
+            a = attn.forward_one_kernel(n, self.rotary.inv_freq, step, on) if one_kernel else attn.forward_fused(n, rope, bias, step, on)
             post = layer.post_attention_layernorm
             h, n = add_rms_norm(h, a, layer.self_attn_layer_scale.scale, post.weight, post.eps)
             nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.norm
