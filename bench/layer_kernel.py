@@ -3,6 +3,11 @@ their separate launches, on CUDA: the same step's outputs and pool both ways, th
 (dequantizer, pre_conv, transformer) graph-replayed per step shape.
 
     python3 bench/layer_kernel.py [DTYPE] [SHAPES]    # default: bfloat16 1x1,16x1,1x25,32x1
+    python3 bench/layer_kernel.py DTYPE SHAPES breakdown
+
+``breakdown``: one layer's kernel alone, eight launches a graph, with its phases cut after each
+one (``FIRST``/``LAST``: the barriers and prefetches stay) and in variants (no prefetch, the
+products' whole K in one load, wider column tiles): microseconds a launch.
 
 DTYPE is the conv stack's; the low-rate stages (the transformer) take ``auto``'s choice, as a
 default load does. Prints, per shape, the largest difference between the two ways (outputs and
@@ -48,6 +53,39 @@ def replay_us(g: torch.cuda.CUDAGraph, n: int = 300) -> float:
     return a.elapsed_time(b) * 1e3 / n
 
 
+def breakdown(model, b: int, t: int) -> None:
+    """Microseconds a launch of layer 0's kernel, phases cut and variants (see the docstring)."""
+    from code2wav.kernels import layer as lk
+
+    tr = model.pre_transformer
+    lay = tr.layers[0]
+    attn, mlp = lay.self_attn, lay.mlp
+    pool = StatePool(model, b + 1)
+    slots, n_new = torch.arange(b, device="cuda"), torch.full((b,), t, device="cuda")
+    step = pool.step(slots, n_new)
+    C = tr.norm.weight.shape[0]
+    h = torch.randn(b, t, C, device="cuda").to(model.low_rate_dtype)
+    d = torch.randn(b, t, C, device="cuda").to(model.low_rate_dtype)
+    args = (h, d, lay.mlp_layer_scale.scale, lay.input_layernorm.weight, lay.input_layernorm.eps, attn.qkv_weight, attn.n_heads,
+            attn.n_kv, tr.rotary.inv_freq, *attn.pool_kv(step), step.slots, step.n_new, step.start, attn.sliding_window,
+            attn.o_proj.weight, lay.self_attn_layer_scale.scale, lay.post_attention_layernorm.weight, mlp.gate_up_weight,
+            mlp.down_proj.weight)
+    width, inner = attn.n_heads * attn.head_dim, mlp.down_proj.weight.shape[1]
+    variants = [(f"phases 1..{p}", {"FIRST": 1 if p else 0, "LAST": p}) for p in range(6)]
+    variants += [("no prefetch", {"PREFETCH": False}), ("whole-K loads", {"BK_O": width, "BK_D": inner}),
+                 ("32-column tiles", {"BN": 32}), ("prefetch only", {"FIRST": 0, "LAST": 0, "PREFETCH": True})]
+    print(f"{b}x{t}: one layer's kernel, us a launch")
+    for name, tune in variants:
+        for _ in range(2):
+            lk.layer(*args, tune=tune)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(8):
+                lk.layer(*args, tune=tune)
+        print(f"  {name:<18} {replay_us(g, 100) / 8:8.1f}", flush=True)
+
+
 def main() -> int:
     dtype = getattr(torch, sys.argv[1] if len(sys.argv) > 1 else "bfloat16")
     shapes = [tuple(int(v) for v in s.split("x")) for s in (sys.argv[2] if len(sys.argv) > 2 else "1x1,16x1,1x25,32x1").split(",")]
@@ -56,6 +94,10 @@ def main() -> int:
     on = model.layer_choices if model.layer_choices.layer_kernel_rows else replace(model.layer_choices, layer_kernel_rows=32)
     off = replace(on, layer_kernel_rows=0)
     cfg = model.config
+    if len(sys.argv) > 3 and sys.argv[3] == "breakdown":
+        for b, t in shapes:
+            breakdown(model, b, t)
+        return 0
     print(f"{dtype}, low-rate stages {model.low_rate_dtype}; layer_kernel_rows {on.layer_kernel_rows} vs 0")
     print(f"{'shape':>7} {'out diff':>9} {'pool diff':>9} {'kernel us':>10} {'launches us':>12}")
     ok = True

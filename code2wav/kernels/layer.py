@@ -209,7 +209,7 @@ def layer(
     h: Tensor, d: Tensor | None, ls_prev: Tensor | None, w_in: Tensor, eps: float,
     wqkv: Tensor, n_heads: int, n_kv: int, inv_freq: Tensor, pool_k: Tensor, pool_v: Tensor,
     slots: Tensor, n_new: Tensor, start: Tensor, window: int,
-    wo: Tensor, ls_attn: Tensor, w_post: Tensor, wgu: Tensor, wdown: Tensor,
+    wo: Tensor, ls_attn: Tensor, w_post: Tensor, wgu: Tensor, wdown: Tensor, tune: dict | None = None,
 ) -> tuple[Tensor, Tensor]:
     """One transformer layer of a streaming step over ``h`` [B, T, C] (the residual stream
     before the previous layer's MLP output ``d`` is added with its layer scale ``ls_prev``;
@@ -246,5 +246,6 @@ def layer(
         for p in range(1, 6):
             _layer_kernel[(P,)](*args, FIRST=p, LAST=p, SYNC=False, **meta, **pdl.options(h))
     else:
-        _layer_kernel[(P,)](*args, FIRST=1, LAST=5, SYNC=True, launch_cooperative_grid=COOPERATIVE, **meta, **pdl.options(h))
+        meta = {"FIRST": 1, "LAST": 5, **meta, **(tune or {})}
+        _layer_kernel[(P,)](*args, SYNC=True, launch_cooperative_grid=COOPERATIVE, **meta, **pdl.options(h))
     return h_out.view(B, T, C), d_out.view(B, T, C)

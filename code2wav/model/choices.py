@@ -61,7 +61,8 @@ class LayerChoices:
     # Steps of at most this many rows x frames (and within ``attention_frames``) run each
     # transformer layer as one persistent kernel (kernels/layer.py: its seven launches as
     # phases between grid barriers, its weights prefetched into L2 at its start; 0: never).
-    layer_kernel_rows: int = 32
+    # Off: on the H200 it was slower than the launches it replaces (BENCHMARKS.md).
+    layer_kernel_rows: int = 0
     # Triton kernels launched with programmatic dependent launch on sm90+ (kernels/pdl.py): the
     # next kernel is placed while the one before it finishes, and waits for its writes there.
     pdl: bool = False
