@@ -162,17 +162,6 @@ def main() -> int:
     check("attention_frames=0 (RoPE + KV concat, SDPA): fp32 stream vs fp64, bf16 stream SNR >= 30 dB",
           err_sdpa <= 1e-4 and snr_sdpa >= 30.0,
           f"max err / peak {err_sdpa:.2e}, from the default's stream {apart:.2e}; {snr_sdpa:.1f} dB (default layers {snr:.1f} dB)")
-    # 3a (layer). The transformer layers of few-row steps as one persistent kernel each
-    # (kernels/layer.py, LayerChoices.layer_kernel_rows) or as separate launches, whichever the
-    # default does not pick: the same bounds, and how far the fp32 stream lies from the default's.
-    other = replace(m32.layer_choices, layer_kernel_rows=0 if m32.layer_choices.layer_kernel_rows else 32)
-    s_lk = graph_stream(load(weights, torch.float32, "cuda", layers=other), codes).double()
-    err_lk = ((s_lk - ref).abs().max() / ref.abs().max()).item()
-    apart = ((s_lk - s32).abs().max() / ref.abs().max()).item()
-    snr_lk = snr_db(ref, graph_stream(load(weights, torch.bfloat16, "cuda", layers=other), codes).float())
-    check(f"layer_kernel_rows={other.layer_kernel_rows}: fp32 stream vs fp64, bf16 stream SNR >= 30 dB",
-          err_lk <= 1e-4 and snr_lk >= 30.0,
-          f"max err / peak {err_lk:.2e}, from the default's stream {apart:.2e}; {snr_lk:.1f} dB (default layers {snr:.1f} dB)")
     # 3b. Every residual unit as one kernel (LayerChoices.unit_conv_rows=1: at every step size
     # its tiles cover): the bf16 stream within the same bound.
     one_kernel = replace(m32.layer_choices, unit_conv_rows=1)

@@ -32,13 +32,12 @@ SUFFIXES = {
     "unitconv": ("unit_conv_rows", int),
     "convtk": ("convt_kernel_rows", int),
     "attn": ("attention_frames", int),
-    "layer": ("layer_kernel_rows", int),
 }
 
 
 def layer_choices(layout: str) -> tuple[str, LayerChoices]:
     """A layout name's ``-name=value`` suffixes (``SUFFIXES``: ``-fold=``, ``-convt=cudnn``,
-    ``-skinny=0``, ``-unitfill=0``, ``-gemmrows=N``, ``-unitconv=N``, ``-convtk=N``, ``-attn=N``, ``-layer=N``) as the model's
+    ``-skinny=0``, ``-unitfill=0``, ``-gemmrows=N``, ``-unitconv=N``, ``-convtk=N``, ``-attn=N``) as the model's
     :class:`LayerChoices`, each field the default unless its suffix is there; returns the name
     without them."""
     name, *settings = re.split(r"-(?=\w+=)", layout)  # a value may hold a hyphen: fold=multi-row

@@ -52,19 +52,8 @@ if triton is not None:
         IEEE: tl.constexpr, PDL: tl.constexpr,
     ):
         wait_previous(PDL)  # before any memory access (kernels/pdl.py)
-        attend_unit(tl.program_id(0) // HKV, tl.program_id(0) % HKV,
-                    qkv_ptr, inv_freq_ptr, pk_ptr, pv_ptr, slots_ptr, n_new_ptr, start_ptr, out_ptr,
-                    T, W, WINDOW, H, D, sqb, sqt, sm_scale, HKV, GROUP, BLOCK_T, BLOCK_H, BLOCK_D, IEEE)
-
-    @triton.jit
-    def attend_unit(
-        b, kvh, qkv_ptr, inv_freq_ptr, pk_ptr, pv_ptr, slots_ptr, n_new_ptr, start_ptr, out_ptr,
-        T, W, WINDOW, H, D, sqb, sqt, sm_scale, HKV,
-        GROUP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-        IEEE: tl.constexpr,
-    ):
-        """Row ``b``'s kv head ``kvh`` (its query heads, its slot's history): the work of one
-        program of the kernel, and of one unit of kernels/layer.py's attention phase."""
+        b = tl.program_id(0) // HKV
+        kvh = tl.program_id(0) % HKV
         att_ty = pk_ptr.dtype.element_ty  # keys and values are kept in the dtype attention runs in
         d = tl.arange(0, BLOCK_D)[None, :]
         dm = d < D

@@ -58,11 +58,6 @@ class LayerChoices:
     # softmax, the output in the projection's rows) instead of rope_kv_cat, a mask, SDPA and a
     # copy (0: never). Its keys must fit one tile: W + this many rows.
     attention_frames: int = 32
-    # Steps of at most this many rows x frames (and within ``attention_frames``) run each
-    # transformer layer as one persistent kernel (kernels/layer.py: its seven launches as
-    # phases between grid barriers, its weights prefetched into L2 at its start; 0: never).
-    # Off: on the H200 it was slower than the launches it replaces (BENCHMARKS.md).
-    layer_kernel_rows: int = 0
     # Triton kernels launched with programmatic dependent launch on sm90+ (kernels/pdl.py): the
     # next kernel is placed while the one before it finishes, and waits for its writes there.
     pdl: bool = False
@@ -74,7 +69,7 @@ class LayerChoices:
     def __post_init__(self) -> None:
         if self.conv_fold not in FOLDS:
             raise ValueError(f"conv_fold must be one of {FOLDS}, got {self.conv_fold!r}")
-        for name in ("conv_gemm_rows", "unit_conv_rows", "convt_kernel_rows", "attention_frames", "layer_kernel_rows"):
+        for name in ("conv_gemm_rows", "unit_conv_rows", "convt_kernel_rows", "attention_frames"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 

@@ -19,7 +19,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from code2wav.kernels import attention, skinny, snake
-from code2wav.kernels import layer as layer_kernel
 from code2wav.kernels.history import window
 from code2wav.kernels.transformer import add_rms_norm, rms_norm, rms_norm_eager, rope_kv_cat, rotate_eager
 from code2wav.model.choices import DEFAULT_CHOICES, LayerChoices
@@ -255,8 +254,6 @@ class Transformer(nn.Module):
             q_pos = self.positions(x, step)
             rope, bias = self.rotary(q_pos), _additive_mask(first.mask(q_pos, step), dtype)
         layers = list(self.layers)
-        if one_kernel and layer_kernel.applies(h, self.choices.layer_kernel_rows):
-            return self._layers_one_kernel(h, step, on)
         n = rms_norm(h, layers[0].input_layernorm.weight, layers[0].input_layernorm.eps)
         for i, layer in enumerate(layers):
             attn = layer.self_attn
@@ -265,22 +262,6 @@ class Transformer(nn.Module):
             h, n = add_rms_norm(h, a, layer.self_attn_layer_scale.scale, post.weight, post.eps)
             nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.norm
             h, n = add_rms_norm(h, layer.mlp.forward_fused(n, on), layer.mlp_layer_scale.scale, nxt.weight, nxt.eps)
-        return skinny.linear(n, self.output_proj.weight, self.output_proj.bias, enabled=on)
-
-    def _layers_one_kernel(self, h: Tensor, step: Step, on: bool) -> Tensor:
-        """:meth:`_forward_fused`'s layers in a step of few rows (``LayerChoices.layer_kernel_rows``),
-        each as one persistent kernel (kernels/layer.py), from the input projection's output ``h``."""
-        d = ls = None
-        for layer in self.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            norm, post = layer.input_layernorm, layer.post_attention_layernorm
-            h, d = layer_kernel.layer(
-                h, d, ls, norm.weight, norm.eps, attn.qkv_weight, attn.n_heads, attn.n_kv, self.rotary.inv_freq,
-                *attn.pool_kv(step), step.slots, step.n_new, step.start, attn.sliding_window,
-                attn.o_proj.weight, layer.self_attn_layer_scale.scale, post.weight, mlp.gate_up_weight, mlp.down_proj.weight,
-            )
-            ls = layer.mlp_layer_scale.scale
-        h, n = add_rms_norm(h, d, ls, self.norm.weight, self.norm.eps)
         return skinny.linear(n, self.output_proj.weight, self.output_proj.bias, enabled=on)
 
 
