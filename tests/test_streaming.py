@@ -571,15 +571,17 @@ def test_state_bytes_per_stream():
     assert engine.state_bytes()["pool"] == (3 + 1) * per  # three slots and the scratch row
 
 
+@pytest.mark.parametrize("step_frames", [64, 2])
 @pytest.mark.parametrize("pcm16", [False, True])
 @pytest.mark.parametrize(("dtype", "low"), [(torch.float16, torch.float16), (torch.bfloat16, torch.float16)])
-def test_float16_overflow_ends_only_that_stream(dtype, low, pcm16):
+def test_float16_overflow_ends_only_that_stream(dtype, low, pcm16, step_frames):
     """float16 can overflow (max 65504) where bfloat16 cannot, in a float16 conv stack or in
     float16 low-rate stages (``low_rate_dtype="auto"``'s choice on CUDA). A row whose audio comes
     out non-finite gets ``non_finite_audio`` and is ended (its state holds inf/NaN now); the
     other rows of the same step, a shorter one included (a ragged step), decode normally and
     stay open. It is checked on the step's device, so ``pcm16`` streams are
-    caught too. (The overflow comes from the codebook sum, per row.)"""
+    caught too. (The overflow comes from the codebook sum, per row.) With ``step_frames`` 2 the
+    rows run in pieces, the overflow in a middle one: the row is refused as a whole."""
     from code2wav.stream.rows import StreamError
 
     m = copy.deepcopy(model(SMALL, dtype, low_rate_dtype=low))
@@ -591,10 +593,10 @@ def test_float16_overflow_ends_only_that_stream(dtype, low, pcm16):
     good[good == 7] = 8
     bad = good.clone()
     bad[2, :2] = 7
-    engine = StreamEngine(m, max_streams=3)
+    engine = StreamEngine(m, max_streams=3, max_step_frames=step_frames)
     for rid in ("good", "short", "bad"):
         engine.open(rid, pcm16=pcm16)
-    out = engine.decode({"good": good, "short": good[:5], "bad": bad})  # one step of 6 / 5 / 6 frames
+    out = engine.decode({"good": good, "short": good[:5], "bad": bad})  # one step of 6 / 5 / 6 frames (or pieces of 2)
     assert isinstance(out["bad"], StreamError) and out["bad"].code == "non_finite_audio"
     assert "'bad'" in str(out["bad"])
     for rid, frames in (("good", 6), ("short", 5)):

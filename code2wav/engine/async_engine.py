@@ -268,6 +268,9 @@ class AsyncEngine:
         """The worker thread's body: :meth:`_steps`; whatever ends it other than ``stop()``
         fails the engine."""
         try:
+            # Nothing on this thread wants autograd: off for its life (grad mode is per thread),
+            # so a decode does not enter and leave a no_grad context of its own.
+            torch.set_grad_enabled(False)
             self._steps()
         except BaseException as e:  # every failure, SystemExit and the like included: the thread ends here
             self._died(e)

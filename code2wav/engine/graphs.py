@@ -93,6 +93,12 @@ class GraphRunner(EagerRunner):
     """A runner that replays captured graphs (and, for the engine's batched prefill, graphs of
     the front and back halves alone); what no graph holds runs eagerly, counted by reason."""
 
+    # max_frames' and max_rows' answers (asked per decode and per row a group takes), for the
+    # bucket plan they were read from (bench/cold_start.py plans one bucket at a time).
+    _limits_of: list[tuple[int, int]] | None = None
+    _max_frames: int | None = None
+    _max_rows: dict[int, int | None]
+
     def __init__(
         self,
         model: Decoder,
@@ -254,10 +260,12 @@ class GraphRunner(EagerRunner):
     def _replay(self, g: _Graph, shape: tuple[int, int], n_new: Tensor, B: int, T: int) -> Tensor:
         g.graph.replay()
         self.hits += 1
-        # The engine's n_new is on the host (summed in numpy: a torch op's dispatch costs more);
-        # device inputs, as in the bench's profiles, sync here.
-        self.frames += int(n_new.sum()) if n_new.is_cuda else int(n_new.numpy().sum())
+        # The engine's n_new is on the host (summed as a list: a torch op's dispatch, or even a
+        # numpy reduction, costs more); device inputs, as in the bench's profiles, sync here.
+        self.frames += int(n_new.sum()) if n_new.is_cuda else sum(n_new.tolist())
         self.padded_frames += shape[0] * shape[1]
+        if shape == (B, T):  # staged at the graph's shape (the engine's usual step): no view to make
+            return g.out
         return g.out[:B, : T * self.model.config.samples_per_frame]
 
     def prefill(self, kind: str, x: Tensor, slots: Tensor, n_new: Tensor) -> Tensor:
@@ -275,16 +283,26 @@ class GraphRunner(EagerRunner):
         self.hits += 1
         return g.out.clone()  # the static output is overwritten by the next replay
 
+    def _plan_read(self) -> None:
+        """Forget max_frames' and max_rows' answers if the bucket plan is another list now."""
+        if self._limits_of is not self.buckets:
+            self._limits_of, self._max_rows = self.buckets, {}
+            self._max_frames = max((t for _, t in self.buckets), default=None)
+
     @property
     def max_frames(self) -> int | None:
         """The largest planned frames bucket: the engine cuts longer chunks into pieces of this
         (planned, not captured: a warming start schedules as it will once every graph is in)."""
-        return max((t for _, t in self.buckets), default=None)
+        self._plan_read()
+        return self._max_frames
 
     def max_rows(self, frames: int) -> int | None:
         """Most rows a planned graph holds at ``frames`` frames (None: no bucket fits)."""
-        rows = [b for b, t in self.buckets if t >= frames]
-        return max(rows) if rows else None
+        self._plan_read()
+        if frames not in self._max_rows:
+            rows = [b for b, t in self.buckets if t >= frames]
+            self._max_rows[frames] = max(rows) if rows else None
+        return self._max_rows[frames]
 
     def stats(self) -> dict[str, object] | None:
         return {"graphs": len(self.graphs), "prefill_graphs": len(self.prefill_graphs), "hits": self.hits,

@@ -225,7 +225,6 @@ class StreamEngine(Lifecycle):
             wav = wav.masked_fill(torch.arange(wav.shape[1], device=wav.device) >= valid, 0.0)
         return outs, wav.sum(1, dtype=torch.float32)  # float16's own sum of 34+ full-scale frames would overflow
 
-    @torch.no_grad()
     def _run(self, rows: list[Row], deliver: Deliver, more: Callable[[], list[Row]] | None) -> None:
         """Work through the queue, one step per group, each row's pieces in order.
 
@@ -236,26 +235,32 @@ class StreamEngine(Lifecycle):
         respects). A step runs while the next ones are queued (``SchedulePolicy.steps_ahead``);
         each step's finished rows are delivered as soon as its copy lands, and ``more`` is asked
         for new rows in between."""
+        if torch.is_grad_enabled():  # the async engine's worker runs with it off: no context per decode there
+            with torch.no_grad():
+                return self._run(rows, deliver, more)
         spf = self.cfg.samples_per_frame
         pin = self.device.type == "cuda"
         stream = torch.cuda.current_stream(self.device) if pin else None  # looked up once: events record on it
         sched = self.scheduler
         sched.reset(self._piece())
         sched.enqueue(rows)
-        landed: deque[tuple[Any, Any, list[Row], Group, Staged]] = deque()  # (copy done, start, rows it completes, group, inputs)
+        # (copy done, start, rows it completes, group, inputs, each row's sum where float16 can overflow)
+        landed: deque[tuple[Any, Any, list[Row], Group, Staged, Tensor | None]] = deque()
         dropped = lambda r: deliver(r.stream, r.request_id, StreamError("stream_ended", f"stream {r.request_id!r} ended while its chunk was queued"))  # noqa: E731
 
         def land() -> None:
-            end, start, complete, group, staged = landed.popleft()
+            end, start, complete, group, staged, sums = landed.popleft()
             if pin:
                 end.synchronize()
+            if sums is not None:  # read once the copy has landed, in one call for every row
+                for r, total in zip(group.rows, sums.tolist()):
+                    r.finite = r.finite and math.isfinite(total)
             # Audio first: handing a row over wakes its caller's thread, which then runs while
             # this one does the bookkeeping below.
             for row in complete:  # a one-piece row (the usual case) is a view: no copy
-                audio = row.pieces[0][0][: row.pieces[0][1]] if len(row.pieces) == 1 else torch.cat([w[:k] for w, k, _ in row.pieces])
-                finite = all(total is None or math.isfinite(total) for _, _, total in row.pieces)
+                audio = row.pieces[0] if len(row.pieces) == 1 else torch.cat(row.pieces)
                 row.pieces = []
-                deliver(row.stream, row.request_id, audio if finite else NON_FINITE)
+                deliver(row.stream, row.request_id, audio if row.finite else NON_FINITE)
             if pin:
                 seconds = start.elapsed_time(end) / 1e3
                 self._events += (start, end)
@@ -266,8 +271,8 @@ class StreamEngine(Lifecycle):
                 hook(seconds, len(group), staged.shape[1])
 
         while True:
-            if more is not None:
-                sched.enqueue(more())
+            if more is not None and (new := more()):
+                sched.enqueue(new)
             if not sched and not landed:
                 break
             group = sched.next_group(self._live, dropped, device_idle=not landed)
@@ -288,12 +293,12 @@ class StreamEngine(Lifecycle):
                 else:
                     end = time.perf_counter()
                 complete, left = [], []
-                for j, (r, k) in enumerate(zip(group.rows, group.pieces)):  # a sum is read once its step has landed
-                    r.pieces.append((outs[r.stream.pcm16][j], k * spf, None if sums is None else sums[j]))
+                for j, (r, k) in enumerate(zip(group.rows, group.pieces)):
+                    r.pieces.append(outs[r.stream.pcm16][j, : k * spf])
                     r.done += k
                     (complete if r.done == r.frames.shape[0] else left).append(r)
                 sched.requeue(left)
-                landed.append((end, start, complete, group, staged))
+                landed.append((end, start, complete, group, staged, sums))
             # On CUDA steps stay queued on the GPU (SchedulePolicy.steps_ahead) while the one
             # before them is delivered.
             if landed and (not pin or len(landed) > sched.policy.steps_ahead or not group):

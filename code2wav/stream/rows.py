@@ -50,8 +50,8 @@ class Row:
     gathers: bool = False  # a first chunk that may wait for others (SchedulePolicy.first_chunk_wait)
     admitted: float = field(default_factory=time.monotonic)  # joined the queue (first chunks gather by it)
     done: int = 0
-    # (padded audio row, valid samples, their sum where float16 can overflow, else None)
-    pieces: list[tuple[Any, int, Any]] = field(default_factory=list)
+    pieces: list[Any] = field(default_factory=list)  # each launch's audio, its valid samples alone
+    finite: bool = True  # every piece's audio so far (checked where float16 can overflow)
 
     @property
     def request_id(self) -> str:

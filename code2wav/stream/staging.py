@@ -53,7 +53,9 @@ class Stager:
         reused = bool(free)
         staged = free.pop() if reused else Staged.new(b, t, self.scratch_slot, self.q, self.pin)
         codes, slots, n_new = staged.arrays
-        if reused:  # back to an empty step first
+        # A reused buffer goes back to an empty step first, unless this group writes all of it
+        # (a lone stream's step at its own bucket's shape, the first packet's usual case).
+        if reused and (len(group) < b or min(group.pieces) < t):
             empty_step(codes, slots, n_new, self.scratch_slot)
         for j, (r, k) in enumerate(zip(group.rows, group.pieces)):
             codes[j, :, :k] = r.frames.numpy()[r.done : r.done + k].T
