@@ -5,7 +5,9 @@
 #                               and the front pass's replay per shape (bench/layer_kernel.py), graph
 #                               replay per step shape default vs layer_kernel_rows=0, sustained 1 / 64
 #                               / 256 both ways
-#   bash bench/session23.sh b   the quick GPU checks, a lone stream's first packet back to back
+#   bash bench/session23.sh b   this session's host-path changes: a lone stream's first packet back to
+#                               back, before (ab_old/, 210e2a6) and after, alternating; sustained 1 / 64
+#                               / 256 both ways; the quick GPU checks in what time is left
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 sustained() {  # $1 the run's name, then code2wav.bench's extra arguments
@@ -26,10 +28,21 @@ a)
   sustained layer0 --set layers.layer_kernel_rows=0
   ;;
 b)
-  stamp "a lone stream's first packet, back to back"
-  FIRST_PACKET_PAUSE_MS=0 timeout 120 python3 bench/first_packet.py 300 2>&1 | tee "$OUT/first_packet.txt" | tail -14 | tee -a "$log"
+  # ab_old/: the tree before this session's host-path changes (git archive 210e2a6), carried
+  # untracked for this call; each pair runs on the same machine start, alternating.
+  for i in 1 2 3; do
+    stamp "a lone stream's first packet, back to back: host path before (210e2a6), run $i"
+    (cd ab_old && PYTHONPATH=$PWD:/tmp/site FIRST_PACKET_PAUSE_MS=0 timeout 90 python3 bench/first_packet.py 300 2>&1 | tee "$OUT/first_packet_old$i.txt" | tail -13 | tee -a "$log")
+    stamp "the same, this tree, run $i"
+    FIRST_PACKET_PAUSE_MS=0 timeout 90 python3 bench/first_packet.py 300 2>&1 | tee "$OUT/first_packet_new$i.txt" | tail -13 | tee -a "$log"
+  done
+  sustained default
+  stamp "sustained 1 / 64 / 256: before (210e2a6)"
+  (cd ab_old && PYTHONPATH=$PWD:/tmp/site timeout 110 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 1,64,256 --seconds 3 --out "$OUT/old" 2>&1 \
+    | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/old.txt" | grep -A4 "^mode" | tee -a "$log")
+  rm -f "$OUT/old/plot.png"
   stamp "quick GPU checks"
-  timeout 420 python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt" | grep -E "PASS|FAIL|dB|ok" | tee -a "$log"
+  timeout $((560 - (SECONDS - T0))) python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt" | grep -E "PASS|FAIL|dB|ok" | tee -a "$log"
   ;;
 *) echo "usage: bash bench/session23.sh a|b"; exit 2 ;;
 esac
