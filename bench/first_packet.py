@@ -7,7 +7,11 @@ Without CUDA it times the host's legs alone (a runner that decodes nothing).
 argv: [pushes, default 300] [dtype, default bfloat16] ["profile" [SORT]: cProfile the
 worker's steps and print their costliest calls, by pstats' SORT key, default tottime].
 FIRST_PACKET_PAUSE_MS (default 2): the pause between one stream's finish and the next one's
-open; 0 is the sustained bench's one stream (the next opens as the last one finishes)."""
+open; 0 is the sustained bench's one stream (the next opens as the last one finishes).
+FIRST_PACKET_TAIL (default 0): 25-frame chunks each stream pushes after its first one, as the
+sustained bench's streams do (4 there). FIRST_PACKET_ENGINE=default (CUDA): the engine
+``code2wav.bench`` builds (``build_engine`` at the default config: every bucket's graph), not
+the two graphs above."""
 
 from __future__ import annotations
 
@@ -38,12 +42,20 @@ def main() -> int:
         use_expandable_segments()
         configure_cuda(dtype)
         model = load_decoder(None, device="cuda", dtype=dtype)
-        runner = GraphRunner(model, StatePool(model, 64), batch_sizes=(1,), frame_sizes=(1, 25), max_batch_frames=256)
-        runner.capture()
+        if os.environ.get("FIRST_PACKET_ENGINE", "small") == "default":
+            from code2wav.engine.build import EngineConfig, build_engine
+
+            built = build_engine(EngineConfig(device="cuda", dtype=str(dtype).removeprefix("torch.")), model=model)
+            runner = built.runner
+        else:
+            built = None
+            runner = GraphRunner(model, StatePool(model, 64), batch_sizes=(1,), frame_sizes=(1, 25), max_batch_frames=256)
+            runner.capture()
     else:  # no GPU: the host's legs alone, through a runner that decodes nothing (host_overhead.py)
         from host_overhead import NoDecode  # bench/ is the script's directory, first on sys.path
 
         model = Decoder(DecoderConfig()).to(dtype)
+        built = None
         runner = NoDecode(model, StatePool(model, 64))
         runner._replay = lambda: None  # the leg the GPU runner stamps
     marks: dict[str, float] = {}
@@ -72,7 +84,11 @@ def main() -> int:
     stamp = Stamped
     runner._replay = Stamped("replay + count", runner._replay)  # (NoDecode: never called, 0 us)
     # The runner goes in stamped (its attributes show through); the engine never swaps it.
-    core = StreamEngine(model, runner=stamp("runner", runner), max_step_frames=32, max_batch_frames=256)
+    if built is None:
+        core = StreamEngine(model, runner=stamp("runner", runner), max_step_frames=32, max_batch_frames=256)
+    else:
+        core = built
+        core.runner = stamp("runner", runner)
     # The host's parts before the replay: admission, the first chunks' gathering, taking the
     # group's rows (the scheduler's ``_take``: ``next_group`` less the gathering), staging.
     parts = {"_admit": (core, "_admit"), "_gathering": (core.scheduler, "_gathering"),
@@ -99,6 +115,7 @@ def main() -> int:
     core.decode = decode
     legs = []
     pause = float(os.environ.get("FIRST_PACKET_PAUSE_MS", "2")) / 1e3
+    tail = int(os.environ.get("FIRST_PACKET_TAIL", "0"))
 
     async def run() -> None:
         async with AsyncEngine(core) as eng:
@@ -115,6 +132,8 @@ def main() -> int:
                 legs.append((marks["step"] - t0, marks["runner"] - marks["step"], marks["runner done"] - marks["runner"],
                              marks["handed over"] - marks["runner done"], resolved[0] - marks["handed over"], resolved[0] - t0, gpu,
                              *(before_runner.get(p, 0.0) for p in parts), spent.get("replay + count", 0.0)))
+                for _ in range(tail):
+                    await eng.submit(rid, torch.randint(0, 2048, (25, 16)))
                 await eng.finish(rid)
                 if pause:
                     await asyncio.sleep(pause)
@@ -123,7 +142,8 @@ def main() -> int:
     names = ("submit -> step", "step -> runner", "runner (replay launched)", "-> handed over (GPU, D2H)", "-> resolved on the loop",
              "first packet", "GPU step (events)", *(f"step -> runner: {p}" for p in parts), "runner: replay + count")
     warm = legs[len(legs) // 10:]
-    print(f"{dtype}, low-rate stages {model.low_rate_dtype}; pause {pause * 1e3:g} ms; medians over {len(warm)} first packets, us")
+    print(f"{dtype}, low-rate stages {model.low_rate_dtype}; pause {pause * 1e3:g} ms, {tail} chunks of 25 after the first, "
+          f"{'the default engine' if built is not None else 'two graphs'}; medians over {len(warm)} first packets, us")
     for name, col in zip(names, zip(*warm)):
         print(f"{name:>28} {statistics.median(col) * 1e6:8.1f}")
     if profiler is not None:
