@@ -16,3 +16,12 @@ export TRITON_CACHE_DIR=/tmp/triton-cache; mkdir -p "$TRITON_CACHE_DIR"
 keep_triton_cache() { tar -czf "$OUT/triton.tgz" -C "$TRITON_CACHE_DIR" . && ls -la "$OUT/triton.tgz"; }
 log="$OUT/log.txt"; T0=$SECONDS
 stamp() { echo "=== [$((SECONDS - T0)) s] $*" | tee -a "$log"; }  # a section of a call's log, with its start
+# Sustained load at 1 / 64 / 256 streams, the issue-19 record: $1 the run's name, then
+# code2wav.bench's extra arguments (gpu.sh's own `sustained` takes the levels as arguments).
+sustained_levels() {
+  local name=$1; shift
+  stamp "sustained 1 / 64 / 256: $name"
+  timeout 110 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 1,64,256 --seconds 3 "$@" --out "$OUT/$name" 2>&1 \
+    | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/$name.txt" | grep -A4 "^mode" | tee -a "$log"
+  rm -f "$OUT/$name/plot.png"
+}

@@ -13,13 +13,6 @@
 #                               sustained 1 / 64 / 256 at the default
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
-sustained() {  # $1 the run's name, then code2wav.bench's extra arguments
-  local name=$1; shift
-  stamp "sustained 1 / 64 / 256: $name"
-  timeout 110 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 1,64,256 --seconds 3 "$@" --out "$OUT/$name" 2>&1 \
-    | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/$name.txt" | grep -A4 "^mode" | tee -a "$log"
-  rm -f "$OUT/$name/plot.png"
-}
 case "${1:-}" in
 a)
   stamp "quick GPU checks"
@@ -30,8 +23,8 @@ a)
   timeout 120 python3 bench/layer_times.py bfloat16 1x1,16x25 2>&1 | tee "$OUT/layer_times.txt" | grep -E "^===|^pre_transformer|^by kind|^sum" | tee -a "$log"
   stamp "a lone stream's first packet, back to back"
   FIRST_PACKET_PAUSE_MS=0 timeout 120 python3 bench/first_packet.py 300 2>&1 | tee "$OUT/first_packet.txt" | tail -14 | tee -a "$log"
-  sustained default
-  sustained attn0 --set layers.attention_frames=0
+  sustained_levels default
+  sustained_levels attn0 --set layers.attention_frames=0
   keep_triton_cache
   ;;
 b)
@@ -43,7 +36,7 @@ b)
   timeout 120 python3 bench/layer_times.py bfloat16 1x1 2>&1 | tee "$OUT/layer_times.txt" | grep -E "^===|^pre_transformer|^by kind|^sum" | tee -a "$log"
   stamp "a lone stream's first packet, back to back"
   FIRST_PACKET_PAUSE_MS=0 timeout 120 python3 bench/first_packet.py 300 2>&1 | tee "$OUT/first_packet.txt" | tail -14 | tee -a "$log"
-  sustained default
+  sustained_levels default
   ;;
 *) echo "usage: bash bench/session22.sh a|b"; exit 2 ;;
 esac
