@@ -21,6 +21,7 @@ import os
 import pstats
 import statistics
 import sys
+import threading
 import time
 
 import torch
@@ -116,22 +117,46 @@ def main() -> int:
     legs = []
     pause = float(os.environ.get("FIRST_PACKET_PAUSE_MS", "2")) / 1e3
     tail = int(os.environ.get("FIRST_PACKET_TAIL", "0"))
+    # FIRST_PACKET_SPIN=0,0.002: the worker's spin (AsyncEngine.spin_s) alternates push by push
+    # over these seconds, each value's legs printed apart (one process: no process-to-process spread)
+    spins = [float(x) for x in os.environ.get("FIRST_PACKET_SPIN", "").split(",") if x]
+
+    class StampedWake(threading.Event):
+        """The worker's wake-up event, stamped when the worker starts waiting on it (it holds the
+        GIL until then)."""
+
+        def wait(self, timeout=None):
+            marks.setdefault("worker waits", time.perf_counter())
+            return super().wait(timeout)
 
     async def run() -> None:
-        async with AsyncEngine(core) as eng:
+        eng = AsyncEngine(core)
+        eng._wake = StampedWake()  # before the worker starts waiting on it
+        async with eng:
+            real_resolve = eng._resolve_all
+
+            def resolve_all():
+                marks["loop resolves"] = time.perf_counter()
+                real_resolve()
+
+            eng._resolve_all = resolve_all
             for i in range(pushes):
                 rid = f"p{i}"
                 await eng.open(rid)
                 codes = torch.randint(0, 2048, (1, 16))
                 resolved: list[float] = []
                 t0 = time.perf_counter()
+                marks.pop("worker waits", None)
+                if spins:
+                    eng.spin_s = spins[i % len(spins)]
                 fut = eng.submit(rid, codes)
                 fut.add_done_callback(lambda f: resolved.append(time.perf_counter()))
                 await fut
                 gpu = eng.stats.step_seconds[-1] if eng.stats.step_seconds else 0.0
                 legs.append((marks["step"] - t0, marks["runner"] - marks["step"], marks["runner done"] - marks["runner"],
                              marks["handed over"] - marks["runner done"], resolved[0] - marks["handed over"], resolved[0] - t0, gpu,
-                             *(before_runner.get(p, 0.0) for p in parts), spent.get("replay + count", 0.0)))
+                             *(before_runner.get(p, 0.0) for p in parts), spent.get("replay + count", 0.0),
+                             marks.get("worker waits", float("nan")) - marks["handed over"], marks["loop resolves"] - marks["handed over"]))
                 for _ in range(tail):
                     await eng.submit(rid, torch.randint(0, 2048, (25, 16)))
                 await eng.finish(rid)
@@ -140,12 +165,16 @@ def main() -> int:
 
     asyncio.run(run())
     names = ("submit -> step", "step -> runner", "runner (replay launched)", "-> handed over (GPU, D2H)", "-> resolved on the loop",
-             "first packet", "GPU step (events)", *(f"step -> runner: {p}" for p in parts), "runner: replay + count")
-    warm = legs[len(legs) // 10:]
-    print(f"{dtype}, low-rate stages {model.low_rate_dtype}; pause {pause * 1e3:g} ms, {tail} chunks of 25 after the first, "
-          f"{'the default engine' if built is not None else 'two graphs'}; medians over {len(warm)} first packets, us")
-    for name, col in zip(names, zip(*warm)):
-        print(f"{name:>28} {statistics.median(col) * 1e6:8.1f}")
+             "first packet", "GPU step (events)", *(f"step -> runner: {p}" for p in parts), "runner: replay + count",
+             "handed over -> worker waits", "handed over -> loop resolves")
+    skip = len(legs) // 10
+    for k, spin in enumerate(spins or [None]):
+        warm = [leg for j, leg in enumerate(legs) if j >= skip and (spin is None or j % len(spins) == k)]
+        print(f"{dtype}, low-rate stages {model.low_rate_dtype}; pause {pause * 1e3:g} ms, {tail} chunks of 25 after the first, "
+              f"{'the default engine' if built is not None else 'two graphs'}{'' if spin is None else f', worker spin {spin * 1e3:g} ms'}; "
+              f"medians over {len(warm)} first packets, us")
+        for name, col in zip(names, zip(*warm)):
+            print(f"{name:>28} {statistics.median(col) * 1e6:8.1f}")
     if profiler is not None:
         pstats.Stats(profiler).sort_stats(sys.argv[4] if len(sys.argv) > 4 else "tottime").print_stats(40)
     return 0

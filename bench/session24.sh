@@ -3,6 +3,9 @@
 #   bash bench/session24.sh a   thread hand-offs on this host (bench/wakeups.py), then a lone stream's
 #                               first packet and sustained 1 / 64 / 256, each without and with a
 #                               PM QoS request holding /dev/cpu_dma_latency at 0 (another process)
+#   bash bench/session24.sh b   the hand-offs again with a lone stream's whole cycle; the worker's spin
+#                               (AsyncEngine.spin_s) 0 vs 2 ms: first packet push by push, the bench's
+#                               one stream in four processes, sustained 1 / 64 / 256 with it
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 qos_on() {  # a process holding the request: the kernel drops it when the file closes
@@ -23,6 +26,21 @@ a)
   qos_off
   sustained_levels plain
   ;;
-*) echo "usage: bash bench/session24.sh a"; exit 2 ;;
+b)
+  stamp "thread hand-offs, a lone stream's cycle with the worker and the loop blocking or spinning"
+  timeout 90 python3 bench/wakeups.py 300 700 2>&1 | tee "$OUT/wakeups.txt" | tee -a "$log"
+  stamp "a lone stream's first packet, the worker's spin 0 / 2 ms alternating push by push"
+  FIRST_PACKET_SPIN=0,0.002 FIRST_PACKET_PAUSE_MS=0 FIRST_PACKET_TAIL=4 FIRST_PACKET_ENGINE=default timeout 120 python3 bench/first_packet.py 240 2>&1 \
+    | tee "$OUT/fp_spin.txt" | grep -v "^code2wav" | tee -a "$log"
+  for i in 1 2; do
+    for spin in 0 0.002; do
+      stamp "one stream, spin $spin, process $i"
+      timeout 80 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 1 --seconds 3 --set spin_s=$spin --out "$OUT/one_$spin_$i" 2>&1 \
+        | tr "\r" "\n" | grep -A2 "^mode" | tail -1 | tee -a "$log"
+    done
+  done
+  sustained_levels spin2ms --set spin_s=0.002
+  ;;
+*) echo "usage: bash bench/session24.sh a|b"; exit 2 ;;
 esac
 stamp done

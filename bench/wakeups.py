@@ -91,6 +91,83 @@ def loop_hop(rounds: int, idle: float, spin: bool) -> list[float]:
     return lat
 
 
+def gil_free(seconds: float, a=None) -> None:
+    """Wait as a CUDA event's synchronize does: spinning in C with the GIL released, taking it
+    back once at the end (numpy releases it inside large ufuncs; each call here ~10-30 us)."""
+    import numpy as np
+
+    a = np.ones(20_000)
+    end = now() + seconds
+    while now() < end:
+        np.multiply(a, 1.0, out=a)
+
+
+def cycle(rounds: int, idle: float, worker_spin: bool, loop_spin: bool) -> tuple[list[float], list[float], list[float]]:
+    """A lone stream's first packets, host only: the loop submits (Event.set), the worker wakes,
+    does 100 us of Python (admission, staging, launch), waits ``idle`` without the GIL (the GPU
+    step), 10 us of Python, hands over (``call_soon_threadsafe``), 30 us more, then waits for the
+    next submit; the loop resolves and submits the next. ``worker_spin``: the worker polls for
+    the next submit instead of blocking; ``loop_spin``: the loop polls while a push is out.
+    Returns the loop -> worker hops, the worker -> loop hops and the whole rounds."""
+    hop1, hop2, whole = [], [], []
+    wake = threading.Event()
+    box = {"sent": 0.0, "stop": False}
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        done = asyncio.Event()
+        out = [False]
+
+        def poll() -> None:
+            if out[0]:
+                loop.call_soon(poll)
+
+        def submit() -> None:
+            if len(whole) == rounds:
+                box["stop"] = True
+                wake.set()
+                done.set()
+                return
+            box["sent"] = now()
+            out[0] = True
+            if loop_spin:
+                loop.call_soon(poll)
+            wake.set()
+
+        def resolved(handed: float) -> None:
+            t = now()
+            out[0] = False
+            hop2.append(t - handed)
+            whole.append(t - box["sent"])
+            busy(0.00003)  # the caller's coroutine: finish, open, the next submit
+            submit()
+
+        def worker() -> None:
+            while True:
+                if worker_spin:
+                    while not wake.is_set():
+                        time.sleep(0)
+                wake.wait()
+                hop1.append(now() - box["sent"])
+                wake.clear()
+                if box["stop"]:
+                    return
+                busy(0.0001)
+                gil_free(idle)
+                busy(0.00001)
+                loop.call_soon_threadsafe(resolved, now())
+                busy(0.00003)
+
+        t = threading.Thread(target=worker)
+        t.start()
+        submit()
+        await done.wait()
+        await loop.run_in_executor(None, t.join)
+
+    asyncio.run(main())
+    return hop1, hop2, whole
+
+
 def report(name: str, lat: list[float]) -> None:
     us = sorted(x * 1e6 for x in lat[10:])
     print(f"{name:>34}  p50 {statistics.median(us):7.1f}  p90 {us[int(0.9 * len(us))]:7.1f} us")
@@ -101,6 +178,12 @@ def cases(rounds: int, idle: float) -> None:
     report("loop -> worker (Event, spinning)", event_hop(rounds, idle, True))
     report("worker -> loop (idle loop)", loop_hop(rounds, idle, False))
     report("worker -> loop (spinning loop)", loop_hop(rounds, idle, True))
+    for worker_spin, loop_spin in ((False, False), (True, False), (False, True), (True, True)):
+        hop1, hop2, whole = cycle(rounds, idle, worker_spin, loop_spin)
+        name = f"worker {'spins' if worker_spin else 'blocks'}, loop {'spins' if loop_spin else 'idles'}"
+        report(f"{name}: hop in", hop1)
+        report(f"{name}: hop back", hop2)
+        report(f"{name}: round", whole)
 
 
 def main() -> int:
