@@ -35,7 +35,7 @@ b)
   for i in 1 2; do
     for spin in 0 0.002; do
       stamp "one stream, spin $spin, process $i"
-      timeout 80 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 1 --seconds 3 --set spin_s=$spin --out "$OUT/one_$spin_$i" 2>&1 \
+      timeout 80 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 1 --seconds 3 --set spin_s=$spin --out "/tmp/one_${spin}_$i" 2>&1 \
         | tr "\r" "\n" | grep -A2 "^mode" | tail -1 | tee -a "$log"
     done
   done
