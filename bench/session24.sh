@@ -6,6 +6,8 @@
 #   bash bench/session24.sh b   the hand-offs again with a lone stream's whole cycle; the worker's spin
 #                               (AsyncEngine.spin_s) 0 vs 2 ms: first packet push by push, the bench's
 #                               one stream in four processes, sustained 1 / 64 / 256 with it
+#   bash bench/session24.sh c   the process on two CPUs, with and without a SCHED_IDLE spinner on each
+#                               (those CPUs never go idle): hand-offs, the bench's one stream, the legs
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 qos_on() {  # a process holding the request: the kernel drops it when the file closes
@@ -41,6 +43,34 @@ b)
   done
   sustained_levels spin2ms --set spin_s=0.002
   ;;
-*) echo "usage: bash bench/session24.sh a|b"; exit 2 ;;
+c)
+  stamp "thread hand-offs, pinned, with and without SCHED_IDLE spinners on the two CPUs"
+  timeout 120 python3 bench/wakeups.py 300 700 2>&1 | tee "$OUT/wakeups_c.txt" | tee -a "$log"
+  spin_on() {  # a SCHED_IDLE spinner on each of CPUs 2 and 3: they never halt
+    SPIN=""
+    for c in 2 3; do
+      taskset -c $c python3 -c "import os; os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+while True: pass" & SPIN="$SPIN $!"
+    done
+    sleep 0.5
+  }
+  spin_off() { kill $SPIN; wait $SPIN 2>/dev/null; }
+  for i in 1 2; do
+    stamp "one stream, the process on CPUs 2-3, run $i"
+    taskset -c 2,3 timeout 80 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 1 --seconds 3 --out /tmp/c1 2>&1 \
+      | tr "\r" "\n" | grep -A2 "^mode" | tail -1 | tee -a "$log"
+    spin_on
+    stamp "the same with the spinners, run $i"
+    taskset -c 2,3 timeout 80 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 1 --seconds 3 --out /tmp/c2 2>&1 \
+      | tr "\r" "\n" | grep -A2 "^mode" | tail -1 | tee -a "$log"
+    spin_off
+  done
+  stamp "a lone stream's legs on CPUs 2-3, then with the spinners"
+  FIRST_PACKET_PAUSE_MS=0 FIRST_PACKET_TAIL=4 taskset -c 2,3 timeout 80 python3 bench/first_packet.py 200 2>&1 | tee "$OUT/fp_pinned.txt" | grep -v "^code2wav" | tee -a "$log"
+  spin_on
+  FIRST_PACKET_PAUSE_MS=0 FIRST_PACKET_TAIL=4 taskset -c 2,3 timeout 80 python3 bench/first_packet.py 200 2>&1 | tee "$OUT/fp_spinners.txt" | grep -v "^code2wav" | tee -a "$log"
+  spin_off
+  ;;
+*) echo "usage: bash bench/session24.sh a|b|c"; exit 2 ;;
 esac
 stamp done

@@ -178,12 +178,49 @@ def cases(rounds: int, idle: float) -> None:
     report("loop -> worker (Event, spinning)", event_hop(rounds, idle, True))
     report("worker -> loop (idle loop)", loop_hop(rounds, idle, False))
     report("worker -> loop (spinning loop)", loop_hop(rounds, idle, True))
-    for worker_spin, loop_spin in ((False, False), (True, False), (False, True), (True, True)):
+    default = sys.getswitchinterval()
+    for worker_spin, loop_spin, switch in ((False, False, default), (True, False, default), (False, True, 2e-5)):
+        sys.setswitchinterval(switch)
         hop1, hop2, whole = cycle(rounds, idle, worker_spin, loop_spin)
-        name = f"worker {'spins' if worker_spin else 'blocks'}, loop {'spins' if loop_spin else 'idles'}"
+        sys.setswitchinterval(default)
+        name = f"worker {'spins' if worker_spin else 'blocks'}, loop {'spins' if loop_spin else 'idles'}, GIL {switch * 1e6:g} us"
         report(f"{name}: hop in", hop1)
         report(f"{name}: hop back", hop2)
         report(f"{name}: round", whole)
+
+
+def spinners(cpus: list[int]) -> list:
+    """One process per CPU, pinned there at SCHED_IDLE, spinning: the CPU never idles (a VM's
+    vCPU never halts), yet any thread woken on it preempts the spinner at once."""
+    import subprocess
+
+    code = "import os; os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\nwhile True: pass"
+    return [subprocess.Popen(["taskset", "-c", str(c), sys.executable, "-c", code]) for c in cpus]
+
+
+def pinned_cases(rounds: int, idle: float) -> None:
+    """The cycle with the loop's thread on CPU 2 and the worker's on CPU 3, then the same with a
+    spinner on each."""
+    os.sched_setaffinity(0, {2})  # this thread (the loop's); the worker pins itself
+    real = threading.Thread.run
+
+    def run(self):
+        os.sched_setaffinity(0, {3})
+        real(self)
+
+    threading.Thread.run = run
+    try:
+        for label, procs in (("pinned", []), ("pinned + spinners", spinners([2, 3]))):
+            time.sleep(0.5)
+            hop1, hop2, whole = cycle(rounds, idle, False, False)
+            for p in procs:
+                p.kill()
+            report(f"{label}: hop in", hop1)
+            report(f"{label}: hop back", hop2)
+            report(f"{label}: round", whole)
+    finally:
+        threading.Thread.run = real
+        os.sched_setaffinity(0, range(os.cpu_count()))
 
 
 def main() -> int:
@@ -198,6 +235,8 @@ def main() -> int:
         print(f"cpu0 {os.path.basename(d)}: {name}, exit latency {latency} us")
     print(f"os.cpu_count() {os.cpu_count()}, {rounds} rounds, {idle * 1e6:.0f} us idle before each")
     cases(rounds, idle)
+    if os.cpu_count() >= 4:
+        pinned_cases(rounds, idle)
     try:
         qos = open("/dev/cpu_dma_latency", "wb", buffering=0)
         qos.write(struct.pack("i", 0))
