@@ -1,7 +1,7 @@
 """Where a lone stream's first packet spends its time: one stream at a time pushes one frame
 through the async engine (graphs of the 1- and 25-frame steps only, so capture is quick), and
 each push is stamped at submit, step entry, runner entry, replay launched, audio handed over on
-the worker, and the future resolved on the event loop. Prints the medians of each leg, the
+the worker, the loop taking the hand-over (``_resolve_all``), and the future resolved there. Prints the medians of each leg, the
 step's GPU time, and the engine's parts before the runner (admission, grouping, staging).
 Without CUDA it times the host's legs alone (a runner that decodes nothing).
 argv: [pushes, default 300] [dtype, default bfloat16] ["profile" [SORT]: cProfile the
@@ -21,7 +21,6 @@ import os
 import pstats
 import statistics
 import sys
-import threading
 import time
 
 import torch
@@ -117,22 +116,9 @@ def main() -> int:
     legs = []
     pause = float(os.environ.get("FIRST_PACKET_PAUSE_MS", "2")) / 1e3
     tail = int(os.environ.get("FIRST_PACKET_TAIL", "0"))
-    # FIRST_PACKET_SPIN=0,0.002: the worker's spin (AsyncEngine.spin_s) alternates push by push
-    # over these seconds, each value's legs printed apart (one process: no process-to-process spread)
-    spins = [float(x) for x in os.environ.get("FIRST_PACKET_SPIN", "").split(",") if x]
-
-    class StampedWake(threading.Event):
-        """The worker's wake-up event, stamped when the worker starts waiting on it (it holds the
-        GIL until then)."""
-
-        def wait(self, timeout=None):
-            marks.setdefault("worker waits", time.perf_counter())
-            return super().wait(timeout)
 
     async def run() -> None:
-        eng = AsyncEngine(core)
-        eng._wake = StampedWake()  # before the worker starts waiting on it
-        async with eng:
+        async with AsyncEngine(core) as eng:
             real_resolve = eng._resolve_all
 
             def resolve_all():
@@ -146,9 +132,6 @@ def main() -> int:
                 codes = torch.randint(0, 2048, (1, 16))
                 resolved: list[float] = []
                 t0 = time.perf_counter()
-                marks.pop("worker waits", None)
-                if spins:
-                    eng.spin_s = spins[i % len(spins)]
                 fut = eng.submit(rid, codes)
                 fut.add_done_callback(lambda f: resolved.append(time.perf_counter()))
                 await fut
@@ -156,7 +139,7 @@ def main() -> int:
                 legs.append((marks["step"] - t0, marks["runner"] - marks["step"], marks["runner done"] - marks["runner"],
                              marks["handed over"] - marks["runner done"], resolved[0] - marks["handed over"], resolved[0] - t0, gpu,
                              *(before_runner.get(p, 0.0) for p in parts), spent.get("replay + count", 0.0),
-                             marks.get("worker waits", float("nan")) - marks["handed over"], marks["loop resolves"] - marks["handed over"]))
+                             marks["loop resolves"] - marks["handed over"]))
                 for _ in range(tail):
                     await eng.submit(rid, torch.randint(0, 2048, (25, 16)))
                 await eng.finish(rid)
@@ -166,15 +149,12 @@ def main() -> int:
     asyncio.run(run())
     names = ("submit -> step", "step -> runner", "runner (replay launched)", "-> handed over (GPU, D2H)", "-> resolved on the loop",
              "first packet", "GPU step (events)", *(f"step -> runner: {p}" for p in parts), "runner: replay + count",
-             "handed over -> worker waits", "handed over -> loop resolves")
-    skip = len(legs) // 10
-    for k, spin in enumerate(spins or [None]):
-        warm = [leg for j, leg in enumerate(legs) if j >= skip and (spin is None or j % len(spins) == k)]
-        print(f"{dtype}, low-rate stages {model.low_rate_dtype}; pause {pause * 1e3:g} ms, {tail} chunks of 25 after the first, "
-              f"{'the default engine' if built is not None else 'two graphs'}{'' if spin is None else f', worker spin {spin * 1e3:g} ms'}; "
-              f"medians over {len(warm)} first packets, us")
-        for name, col in zip(names, zip(*warm)):
-            print(f"{name:>28} {statistics.median(col) * 1e6:8.1f}")
+             "handed over -> loop takes it")
+    warm = legs[len(legs) // 10:]
+    print(f"{dtype}, low-rate stages {model.low_rate_dtype}; pause {pause * 1e3:g} ms, {tail} chunks of 25 after the first, "
+          f"{'the default engine' if built is not None else 'two graphs'}; medians over {len(warm)} first packets, us")
+    for name, col in zip(names, zip(*warm)):
+        print(f"{name:>28} {statistics.median(col) * 1e6:8.1f}")
     if profiler is not None:
         pstats.Stats(profiler).sort_stats(sys.argv[4] if len(sys.argv) > 4 else "tottime").print_stats(40)
     return 0

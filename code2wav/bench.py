@@ -66,7 +66,7 @@ def engine_for(model: Decoder, mode: str, base: EngineConfig) -> Lifecycle:
 
 
 async def _workload(core: Lifecycle, concurrency: int, frames: int, schedule: list[int], prefix: int, stagger_s: float, seed: int,
-                    seconds: float = 0.0, pace: float = 0.0, voices: int = 0, spin_s: float = 0.0) -> "_Measured":
+                    seconds: float = 0.0, pace: float = 0.0, voices: int = 0) -> "_Measured":
     """``concurrency`` workers, started ``stagger_s`` apart. With ``seconds == 0`` each decodes
     one stream and everything is measured. With ``seconds > 0`` each opens stream after stream
     (sustained load: what a GPU holds, not how a burst drains), and only a window of that length
@@ -86,7 +86,7 @@ async def _workload(core: Lifecycle, concurrency: int, frames: int, schedule: li
     fps = core.cfg.sample_rate / core.cfg.samples_per_frame
     rng = np.random.default_rng(seed)
     m = _Measured()
-    async with AsyncEngine(core, max_pending_chunks=4 if pace <= 0 else 1 << 16, spin_s=spin_s) as eng:
+    async with AsyncEngine(core, max_pending_chunks=4 if pace <= 0 else 1 << 16) as eng:
         t0 = time.perf_counter()
         start = t0 + (concurrency - 1) * stagger_s if seconds > 0 else t0
         end = start + seconds if seconds > 0 else float("inf")
@@ -241,18 +241,18 @@ def run(
         graph_mb = core.runner_stats()["pool_bytes"] / 2**20 if mode == "exact-graph" else 0.0  # type: ignore[index]  (taken at capture)
         for prefix_frames in prefixes:  # one engine (one capture) per mode, every prefix
             # One untimed warm-up run per engine and prefix (allocator, cudnn autotune, lazy init).
-            asyncio.run(_workload(core, min(4, max(levels)), min(frames, 30), schedule, prefix_frames, 0.0, seed=99, voices=voices, spin_s=base.spin_s))
+            asyncio.run(_workload(core, min(4, max(levels)), min(frames, 30), schedule, prefix_frames, 0.0, seed=99, voices=voices))
             for c, wait in ((c, w) for c in levels for w in first_chunk_waits):
                 wait_s = policy.first_chunk_wait if wait is None else wait
                 if isinstance(core, StreamEngine):  # the baselines do not gather
                     core.policy = replace(policy, first_chunk_wait=wait_s)
                 if warm_eager and mode != "exact-graph":  # the same workload, other stream ids
-                    asyncio.run(_workload(core, c, frames, schedule, prefix_frames, stagger_s, seed=c + 1000, seconds=seconds, pace=pace, spin_s=base.spin_s))
+                    asyncio.run(_workload(core, c, frames, schedule, prefix_frames, stagger_s, seed=c + 1000, seconds=seconds, pace=pace))
                 if cuda:
                     torch.cuda.synchronize()
                     torch.cuda.reset_peak_memory_stats()
                 c0 = core.prefix_cache_stats() or {"hits": 0, "misses": 0}
-                m = asyncio.run(_workload(core, c, frames, schedule, prefix_frames, stagger_s, seed=c, seconds=seconds, pace=pace, voices=voices, spin_s=base.spin_s))
+                m = asyncio.run(_workload(core, c, frames, schedule, prefix_frames, stagger_s, seed=c, seconds=seconds, pace=pace, voices=voices))
                 c1 = core.prefix_cache_stats() or c0
                 hits, looked_up = c1["hits"] - c0["hits"], c1["hits"] + c1["misses"] - c0["hits"] - c0["misses"]
                 g = core.runner_stats() or {}

@@ -78,15 +78,10 @@ Encode = Callable[[Tensor], Any]  # a chunk's audio -> what its future resolves 
 
 
 class AsyncEngine:
-    def __init__(self, engine: Lifecycle, max_pending_chunks: int = 16, batch_wait_s: float = 0.0, keep_step_times: int = 100_000,
-                 spin_s: float = 0.0):
+    def __init__(self, engine: Lifecycle, max_pending_chunks: int = 16, batch_wait_s: float = 0.0, keep_step_times: int = 100_000):
         self.engine = engine  # the engine it drives: a StreamEngine (or a BaselineEngine)
         self.max_pending_chunks = max_pending_chunks
         self.batch_wait_s = batch_wait_s  # >0: wait a little for more rows (throughput mode)
-        # After a decode ends, the worker polls for the next chunk this long before it blocks: a
-        # blocked thread's CPU may go idle, and waking an idle CPU (a VM's halted vCPU above all)
-        # can cost more than the step. The poll gives up the GIL on every turn.
-        self.spin_s = spin_s
         self.stats = EngineStats()
         self.on_step: list[Callable[[float, int, int], None]] = []  # (seconds, rows, padded frames a row) after every step
         self.on_failure: list[Callable[[EngineFailed], None]] = []  # on the event loop, once, when the worker dies
@@ -319,10 +314,6 @@ class AsyncEngine:
         assert self._loop is not None
         spf = self.engine.cfg.samples_per_frame
         while True:
-            if self.spin_s > 0 and not self._wake.is_set():
-                deadline = time.perf_counter() + self.spin_s
-                while not self._wake.is_set() and time.perf_counter() < deadline:
-                    time.sleep(0)
             self._wake.wait()
             self._wake.clear()  # before taking: a push after this point sets it again
             if self._stopping:

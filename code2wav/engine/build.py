@@ -64,7 +64,6 @@ class EngineConfig:
     prefix_cache_bytes: int = 0
     # -- the async engine
     max_pending_chunks: int = 16  # chunks one stream may have queued (more: queue_full)
-    spin_s: float = 0.0  # seconds the worker polls for the next chunk before it blocks (AsyncEngine)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -136,7 +135,7 @@ def build_async_engine(cfg: EngineConfig, model: Decoder | None = None) -> Async
     captures them while serving (its ``warmup``)."""
     background = cfg.use_graphs() and cfg.graph_capture == "background"
     engine = build_engine(cfg, model, capture=not background)
-    async_engine = AsyncEngine(engine, max_pending_chunks=cfg.max_pending_chunks, spin_s=cfg.spin_s)
+    async_engine = AsyncEngine(engine, max_pending_chunks=cfg.max_pending_chunks)
     if background:
         from code2wav.engine.warmup import Warmup
 
