@@ -6,8 +6,9 @@
 #   bash bench/session24.sh b   the hand-offs again with a lone stream's whole cycle; the worker's spin
 #                               (AsyncEngine.spin_s) 0 vs 2 ms: first packet push by push, the bench's
 #                               one stream in four processes, sustained 1 / 64 / 256 with it
-#   bash bench/session24.sh c   the process on two CPUs, with and without a SCHED_IDLE spinner on each
-#                               (those CPUs never go idle): hand-offs, the bench's one stream, the legs
+#   bash bench/session24.sh c   hand-offs with the threads pinned, with and without a SCHED_IDLE spinner
+#                               on each CPU (it never goes idle); the bench's one stream unpinned, on one
+#                               CPU, on two with the spinners; the legs; sustained on one CPU
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 qos_on() {  # a process holding the request: the kernel drops it when the file closes
@@ -55,21 +56,26 @@ while True: pass" & SPIN="$SPIN $!"
     sleep 0.5
   }
   spin_off() { kill $SPIN; wait $SPIN 2>/dev/null; }
+  one() {  # the bench's one stream: $1 its name, then the command's prefix
+    local name=$1; shift
+    stamp "one stream: $name"
+    "$@" timeout 80 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 1 --seconds 3 --out /tmp/one 2>&1 \
+      | tr "\r" "\n" | grep -A2 "^mode" | tail -1 | tee -a "$log"
+  }
   for i in 1 2; do
-    stamp "one stream, the process on CPUs 2-3, run $i"
-    taskset -c 2,3 timeout 80 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 1 --seconds 3 --out /tmp/c1 2>&1 \
-      | tr "\r" "\n" | grep -A2 "^mode" | tail -1 | tee -a "$log"
-    spin_on
-    stamp "the same with the spinners, run $i"
-    taskset -c 2,3 timeout 80 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 1 --seconds 3 --out /tmp/c2 2>&1 \
-      | tr "\r" "\n" | grep -A2 "^mode" | tail -1 | tee -a "$log"
-    spin_off
+    one "unpinned, run $i" env
+    one "the process on CPU 2 alone, run $i" taskset -c 2
+    spin_on; one "the process on CPUs 2-3, a spinner on each, run $i" taskset -c 2,3; spin_off
   done
-  stamp "a lone stream's legs on CPUs 2-3, then with the spinners"
-  FIRST_PACKET_PAUSE_MS=0 FIRST_PACKET_TAIL=4 taskset -c 2,3 timeout 80 python3 bench/first_packet.py 200 2>&1 | tee "$OUT/fp_pinned.txt" | grep -v "^code2wav" | tee -a "$log"
+  stamp "a lone stream's legs: CPU 2 alone, then CPUs 2-3 with the spinners"
+  FIRST_PACKET_PAUSE_MS=0 FIRST_PACKET_TAIL=4 taskset -c 2 timeout 80 python3 bench/first_packet.py 200 2>&1 | tee "$OUT/fp_one_cpu.txt" | grep -v "^code2wav" | tee -a "$log"
   spin_on
   FIRST_PACKET_PAUSE_MS=0 FIRST_PACKET_TAIL=4 taskset -c 2,3 timeout 80 python3 bench/first_packet.py 200 2>&1 | tee "$OUT/fp_spinners.txt" | grep -v "^code2wav" | tee -a "$log"
   spin_off
+  stamp "sustained 1 / 64 / 256 with the process on CPU 2 alone"
+  taskset -c 2 timeout 110 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 1,64,256 --seconds 3 --out "$OUT/one_cpu" 2>&1 \
+    | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/one_cpu.txt" | grep -A4 "^mode" | tee -a "$log"
+  rm -f "$OUT/one_cpu/plot.png"
   ;;
 *) echo "usage: bash bench/session24.sh a|b|c"; exit 2 ;;
 esac
