@@ -9,6 +9,7 @@
 #   bash bench/session24.sh c   hand-offs with the threads pinned, with and without a SCHED_IDLE spinner
 #                               on each CPU (it never goes idle); the bench's one stream unpinned, on one
 #                               CPU, on two with the spinners; the legs; sustained on one CPU
+#   bash bench/session24.sh d   sustained 1 / 64 / 256 unpinned and on one CPU (taskset -c 2), alternating
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 qos_on() {  # a process holding the request: the kernel drops it when the file closes
@@ -77,6 +78,15 @@ while True: pass" & SPIN="$SPIN $!"
     | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/one_cpu.txt" | grep -A4 "^mode" | tee -a "$log"
   rm -f "$OUT/one_cpu/plot.png"
   ;;
-*) echo "usage: bash bench/session24.sh a|b|c"; exit 2 ;;
+d)
+  for i in 1 2; do
+    sustained_levels "unpinned_$i"
+    stamp "the same, the process on CPU 2 alone (taskset -c 2), run $i"
+    taskset -c 2 timeout 110 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 1,64,256 --seconds 3 --out "$OUT/cpu2_$i" 2>&1 \
+      | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/cpu2_$i.txt" | grep -A4 "^mode" | tee -a "$log"
+    rm -f "$OUT/cpu2_$i/plot.png" "$OUT/unpinned_$i.txt" "$OUT/cpu2_$i.txt"
+  done
+  ;;
+*) echo "usage: bash bench/session24.sh a|b|c|d"; exit 2 ;;
 esac
 stamp done
