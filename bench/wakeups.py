@@ -1,10 +1,13 @@
 """What a thread hand-off costs on this host: the two hops on a lone stream's first packet (the
 event loop waking the worker, the worker waking the loop), each after the receiver sat idle as
-long as a one-frame step runs, blocked (the default) or spinning. No GPU needed.
+long as a one-frame step runs, blocked (the default) or spinning; then a lone stream's whole
+cycle (``cycle``) with the worker spinning, or the loop spinning under a 20 us GIL switch
+interval; on 4+ CPUs the cycle with the two threads pinned to CPUs 2 and 3, without and with a
+SCHED_IDLE spinner process on each (those CPUs never go idle). No GPU needed.
 
 argv: [rounds, default 300] [idle us, default 700]. Prints each case's median and p90 in us, the
-CPU's idle driver and states, and then the same with /dev/cpu_dma_latency held at 0 where the
-process may write it (a PM QoS request: idle CPUs then stay out of deep idle states)."""
+CPU's idle driver and states, and then the first cases again with /dev/cpu_dma_latency held at 0
+where the process may write it (a PM QoS request: idle CPUs then stay out of deep idle states)."""
 
 from __future__ import annotations
 
@@ -91,7 +94,7 @@ def loop_hop(rounds: int, idle: float, spin: bool) -> list[float]:
     return lat
 
 
-def gil_free(seconds: float, a=None) -> None:
+def gil_free(seconds: float) -> None:
     """Wait as a CUDA event's synchronize does: spinning in C with the GIL released, taking it
     back once at the end (numpy releases it inside large ufuncs; each call here ~10-30 us)."""
     import numpy as np
