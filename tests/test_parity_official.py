@@ -3,10 +3,11 @@
 Contract: with the same weights, ``code2wav``'s decoder computes the same function as the
 official ``Qwen3TTSTokenizerV2Decoder``:
 
-* float64, real (full-size) architecture, whole-utterance forward at every length, including
-  the sliding-window edges (71, 72, 73 frames): max abs error <= 1e-9, once two float32
-  *downcasts* in the official code are lifted (see :func:`lifted_fp32_casts`); with the stock
-  official code the only difference left is those casts (<= 1e-4);
+* float64, whole-utterance forward: max abs error <= 1e-9, once two float32 *downcasts* in the
+  official code are lifted (see :func:`lifted_fp32_casts`), for the real (full-size)
+  architecture at 1, 2, 73 (the window's first bite) and 150 frames, and for the shrunk one at
+  the sliding-window edges (71, 72, 73 frames); with the stock official code the only
+  difference left is those casts (<= 1e-4);
 * float32, real architecture, official code untouched: max abs error <= 1e-4 * peak |reference|;
 * the official batch API ``Qwen3TTSTokenizerV2Model.decode`` (``[B, T, 16]``, ``-1`` right
   padding) and ``code2wav.offline.decode`` (``[B, 16, F]``, same padding) return the same
@@ -16,10 +17,10 @@ official ``Qwen3TTSTokenizerV2Decoder``:
   stays equal to the whole-utterance forward, and the two differ.
 
 Weights are ``random_decoder``'s non-trivial init (output std ~0.3, few clamped samples), copied
-into the official module with ``load_state_dict`` (the key sets match exactly). The batch-API
-and >300-frame checks use a shrunk config (same rates, window and depth, tiny widths): what they
-test is bookkeeping (padding, lengths, windows), which does not depend on the widths, and the
-full-size arithmetic is covered per length above. Every model is built and converted once per
+into the official module with ``load_state_dict`` (the key sets match exactly). The window
+edges, the batch-API and the >300-frame checks use a shrunk config (same rates, window and
+depth, tiny widths): what they test is bookkeeping (masks, padding, lengths, windows), which does
+not depend on the widths, and the full-size arithmetic is covered at the lengths above. Every model is built and converted once per
 module: the full-size float64 forward costs ~0.1-0.2 s per frame on a 2-core CPU.
 """
 
@@ -44,6 +45,8 @@ from tests.official import (
 )
 
 LENGTHS = (1, 2, 71, 72, 73, 150)  # 72 = sliding window: one below, at, and one above it
+WINDOW_EDGES = (71, 72, 73)
+FP64_FULL_LENGTHS = (1, 2, 73, 150)  # the edges run shrunk in float64 (test_fp64_window_edges_...)
 SPF = 1920
 FP64_TOL = 1e-9
 FP64_STOCK_TOL = 1e-4
@@ -159,7 +162,7 @@ def ours64_out(ours64):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("length", FP64_FULL_LENGTHS)
 def test_fp64_forward_matches_official(length, ours64_out, official64):
     """Whole-utterance forward, float64, each length: ``[1, 1, length * 1920]``, max abs error
     <= 1e-9 against the official decoder with its float32 casts lifted."""
@@ -220,6 +223,21 @@ def small_pair():
     copy_weights(official.decoder, ours)
     official.decoder.double()
     return ours, official
+
+
+@pytest.mark.parametrize("length", WINDOW_EDGES)
+def test_fp64_window_edges_match_official(length, small_pair):
+    """One frame below the sliding window, at it and one above, float64, shrunk widths (the
+    attention mask's edges do not depend on them): ``[1, 1, length * 1920]``, max abs error
+    <= 1e-9 against the official decoder with its float32 casts lifted."""
+    ours, official = small_pair
+    codes = codes_for(length)
+    got = forward(ours, codes)
+    with lifted_fp32_casts(official.decoder):
+        ref = forward(official.decoder, codes)
+    assert got.shape == ref.shape == (1, 1, length * SPF)
+    assert ref.abs().max() > 0.1
+    assert max_err(got, ref) <= FP64_TOL
 
 
 def test_batch_decode_matches_official_decode_api(small_pair):
