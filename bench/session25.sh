@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Session 25 (repo root on the device).
+#   bash bench/session25.sh a   small steps' weights prefetched into L2 on a side branch of the graph
+#                               (bench/l2_prefetch.py), cuBLAS or the skinny kernel for the half
+#                               products; graph replay per shape with the small-step knobs: full convs
+#                               as GEMMs up to 160 / 640 samples, the one-kernel unit from 700 samples
+#   bash bench/session25.sh b   what fewer launches would buy small steps (bench/launch_budget.py); the
+#                               bench's one stream with skinny_half off and on, alternating, twice
+source bench/device_env.sh
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
+case "${1:-}" in
+a)
+  stamp "weights prefetched into L2 ahead of their layers"
+  timeout 280 python3 bench/l2_prefetch.py 1x1,16x1,1x25,16x25 1,2,4 200 2>&1 | tee "$OUT/l2_prefetch.txt" | tee -a "$log"
+  stamp "graph replay per step shape: small-step knobs"
+  timeout 200 python3 bench/profile_step.py bfloat16 channels_last,channels_last-gemmrows=160,channels_last-gemmrows=640,channels_last-unitconv=700 2>&1 \
+    | tee "$OUT/profile.txt" | grep -B1 -A9 "eager ms" | tee -a "$log"
+  keep_triton_cache
+  ;;
+b)
+  stamp "small steps with groups of short kernels cut"
+  timeout 200 python3 bench/launch_budget.py 1x1,16x1,1x25 300 2>&1 | tee "$OUT/launch_budget.txt" | tee -a "$log"
+  for i in 1 2; do
+    for half in false true; do
+      stamp "the bench's one stream, layers.skinny_half=$half ($i)"
+      timeout 90 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 1 --seconds 3 --set layers.skinny_half=$half \
+        --out "$OUT/half_${half}_$i" 2>&1 | tr "\r" "\n" | grep -A2 "^mode" | tee -a "$log"
+      rm -f "$OUT/half_${half}_$i/plot.png"
+    done
+  done
+  ;;
+*) echo "usage: bash bench/session25.sh a|b" >&2; exit 2 ;;
+esac
+stamp "done"
