@@ -58,7 +58,8 @@ def prefetch(tensors: list[torch.Tensor]) -> None:
 def stages(model) -> list[tuple[object, list[torch.Tensor]]]:
     """The step's weight-reading stages in order: (module whose start triggers, its weights).
     The transformer's layers run in its fused loop (no module call): they are keyed by their
-    attention module, whose ``forward_one_kernel`` is patched."""
+    attention module, whose ``attend_one_kernel`` is patched (since 0e6ef83 it runs after the
+    layer's q/k/v product, which was inside it when call 1 ran this)."""
     out = [(model.pre_conv, list(model.pre_conv.parameters()))]
     tr = model.pre_transformer
     out.append((None, [tr.input_proj.weight]))
@@ -91,14 +92,14 @@ class Prefetcher:
         for i, (mod, _) in enumerate(self.st):
             if mod is None:
                 continue
-            if hasattr(mod, "forward_one_kernel"):
-                orig = mod.forward_one_kernel
+            if hasattr(mod, "attend_one_kernel"):
+                orig = mod.attend_one_kernel
 
                 def patched(*a, _i=i, _orig=orig, **k):
                     self.trigger(_i)
                     return _orig(*a, **k)
 
-                mod.forward_one_kernel = patched
+                mod.attend_one_kernel = patched
                 self.handles.append((mod, orig))
             else:
                 self.handles.append(mod.register_forward_pre_hook(lambda m, a, _i=i: self.trigger(_i)))
@@ -186,7 +187,7 @@ def main() -> int:
                 pf.on = False
                 for h in pf.handles:
                     if isinstance(h, tuple):
-                        del h[0].forward_one_kernel  # the class's method again
+                        del h[0].attend_one_kernel  # the class's method again
                     else:
                         h.remove()
             res = timed(graphs, replays)

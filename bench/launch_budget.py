@@ -3,11 +3,15 @@ step's graph replayed with groups of its short kernels cut out (wrong numbers, t
 otherwise), alternating, medians per shape. Each variant is an upper bound on what fusing that
 group into its neighbours can save:
 
-- ``default``: as a default engine runs it;
-- ``skinny_half``: few-row half products through kernels/skinny.py (``LayerChoices.skinny_half``;
-  with it the MLP's ``silu * up`` rides in the down projection's loads);
-- ``-norms``: skinny_half, and the transformer's 17 RMSNorm / residual-add kernels skipped (what
-  a product that normalises its own input in its loads would leave);
+- ``default``: ``skinny_half`` off (the default until 0e6ef83: cuBLAS for few-row half products);
+- ``skinny_half``: few-row half products through kernels/skinny.py (``LayerChoices.skinny_half``,
+  the default since; with it the MLP's ``silu * up`` rides in the down projection's loads, and
+  since 0e6ef83 the transformer's norms and the ConvNeXt blocks' GELU, gamma and residual in
+  their products too);
+- ``-norms``: skinny_half, and the transformer's products without their norms (at 0e6ef83:
+  its 17 RMSNorm / residual-add kernels skipped, what a product that normalises its own input
+  in its loads would leave; since ``skinny.normed_linear`` does that, the norms' cost inside
+  the products);
 - ``-convnext``: skinny_half, and each ConvNeXt block's LayerNorm, GELU, gamma and residual
   kernels skipped (what a block as dwconv+norm, product+GELU, product+residual would leave);
 - ``-both``: both cut.
@@ -23,10 +27,8 @@ from dataclasses import replace
 from unittest import mock
 
 import torch
-import torch.nn.functional as F
 
-from code2wav.kernels import transformer as tk
-from code2wav.model import transformer as tm
+from code2wav.kernels import skinny
 from code2wav.model.choices import DEFAULT_CHOICES
 from code2wav.model.layers import ConvNeXtBlock
 from code2wav.model.loading import configure_cuda, load_decoder
@@ -34,14 +36,16 @@ from code2wav.stream.pool import StatePool, packed_inputs
 
 
 def _no_norms(stack: ExitStack) -> None:
-    stack.enter_context(mock.patch.object(tm, "rms_norm", lambda x, w, eps: x))
-    stack.enter_context(mock.patch.object(tm, "add_rms_norm", lambda x, h, s, w, eps: (h, h)))
+    def products_only(h, w, norm_weight, eps, residual=None, scale=None, bias=None, enabled=True):
+        return skinny.linear(h if residual is None else residual, w, bias, enabled), h
+
+    stack.enter_context(mock.patch.object(skinny, "normed_linear", products_only))
 
 
 def _convnext_products_only(self, x, step=None):
     h = self.dwconv(x, step).transpose(1, 2)
     on = self.choices.skinny_for(h.dtype)
-    h = tm.skinny.linear(tm.skinny.linear(h, self.pwconv1.weight, self.pwconv1.bias, enabled=on), self.pwconv2.weight,
+    h = skinny.linear(skinny.linear(h, self.pwconv1.weight, self.pwconv1.bias, enabled=on), self.pwconv2.weight,
                          self.pwconv2.bias, enabled=on)
     return h.transpose(1, 2)
 
@@ -83,7 +87,6 @@ def main() -> int:
     configure_cuda(torch.bfloat16)
     model = load_decoder(None, device="cuda", dtype=torch.bfloat16)
     pool = StatePool(model, 32)
-    assert tk.add_rms_norm is tm.add_rms_norm  # what -norms patches is what the fused loop calls
     print(f"low-rate stages {model.low_rate_dtype}; graph replay, medians of {replays} alternating, us", flush=True)
     for shape in shapes:
         graphs = {}

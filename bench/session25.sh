@@ -6,6 +6,9 @@
 #                               as GEMMs up to 160 / 640 samples, the one-kernel unit from 700 samples
 #   bash bench/session25.sh b   what fewer launches would buy small steps (bench/launch_budget.py); the
 #                               bench's one stream with skinny_half off and on, alternating, twice
+#   bash bench/session25.sh c   the one-frame step's norms, gate, GELU, layer scale and residual inside its
+#                               products (skinny_half, now the default): launch_budget, graph replay per
+#                               shape both ways, the quick GPU checks, the record (sustained 1 / 64 / 256)
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 case "${1:-}" in
@@ -29,6 +32,20 @@ b)
     done
   done
   ;;
-*) echo "usage: bash bench/session25.sh a|b" >&2; exit 2 ;;
+c)
+  stamp "small steps with groups of short kernels cut (default: the kernels' own epilogues and prologues)"
+  timeout 150 python3 bench/launch_budget.py 1x1,16x1,1x25 300 2>&1 | tee "$OUT/launch_budget.txt" | tee -a "$log"
+  stamp "graph replay per step shape: the default vs skinny_half off"
+  timeout 120 python3 bench/profile_step.py bfloat16 channels_last,channels_last-skinnyhalf=0 2>&1 \
+    | tee "$OUT/profile.txt" | grep -B1 -A9 "eager ms" | tee -a "$log"
+  stamp "quick GPU checks"
+  timeout 240 python3 bench/gpu_check.py --quick > "$OUT/gpu_check.txt" 2>&1
+  grep -E "^(PASS|FAIL|SUMMARY)" "$OUT/gpu_check.txt" | tee -a "$log"
+  sustained_levels default
+  stamp "a lone stream's first packet, back to back, the bench's streams (default engine)"
+  FIRST_PACKET_PAUSE_MS=0 FIRST_PACKET_TAIL=4 FIRST_PACKET_ENGINE=default timeout 90 python3 bench/first_packet.py 200 2>&1 \
+    | tee "$OUT/first_packet.txt" | tail -14 | tee -a "$log"
+  ;;
+*) echo "usage: bash bench/session25.sh a|b|c" >&2; exit 2 ;;
 esac
 stamp "done"

@@ -671,6 +671,39 @@ def test_transformer_fused_path_equals_eager(monkeypatch, pooled, tiles):
         assert not close(eager_pool[key], pool[key])  # the step did write history
 
 
+def test_one_frame_steps_fold_the_norms_into_the_products(monkeypatch):
+    """In a step of a few rows (a lone stream's one-frame chunk) every RMSNorm of the fused path,
+    with the residual add before it, runs inside the next product's loads: no norm kernel of its
+    own, and the same output and pool as the module code (cold, young and rolling rows, one row
+    with no new frame, a padding row on the scratch slot)."""
+    from code2wav.model.choices import LayerChoices
+
+    monkeypatch.setattr(skinny, "PROGRAMS", 2)  # the interpreter runs programs one by one: fewer, wider ones
+    tr = model(SMALL, torch.float32).pre_transformer
+    monkeypatch.setattr(tr, "choices", LayerChoices(attention_frames=4))
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(4, 1, SMALL.latent_dim, generator=g)
+    pool = _kv_pool(tr, 7, g)
+    slots, n_new, start = torch.tensor([5, 0, 3, 6]), torch.tensor([1, 0, 1, 0]), torch.tensor([0, 30, 300, 0])
+
+    def step(p):
+        p = {k: v.clone() for k, v in p.items()}
+        return tr(x, Step(p, slots, n_new, start)), p
+
+    def no_norm_kernel(*a, **k):
+        raise AssertionError("a norm ran as a kernel of its own")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(skinny, "rms_norm", no_norm_kernel)
+        mp.setattr(skinny, "add_rms_norm", no_norm_kernel)
+        fused, fused_pool = step(pool)
+    monkeypatch.setattr(snake, "fused", lambda x: False)
+    eager, eager_pool = step(pool)
+    assert close(fused, eager)
+    for key in pool:
+        assert close(fused_pool[key], eager_pool[key]), key
+
+
 def test_fuse_projections_keeps_checkpoint_names_and_the_forward():
     """Fusing adds no state-dict entries (the checkpoint layout loads unchanged into either), the
     fused path reads the fused weights (spoil them and its output moves, the module path's does
@@ -763,10 +796,54 @@ def test_skinny_gated_product_is_silu_mul_then_the_product(monkeypatch, rows):
         skinny.matmul_t(gu[0], w, gated=True, enabled=False)
 
 
+@pytest.mark.parametrize("rows", [1, 4, 6])
+def test_skinny_gelu_and_scaled_residual_after_the_product(monkeypatch, rows):
+    """``skinny.linear(..., gelu=True)`` is exact GELU of the product (with its bias), and
+    ``residual=r, scale=g`` is ``r + g * (x @ W^T + b)``: the ConvNeXt block's MLP and layer
+    scale. In the kernel (up to ``MAX_ROWS`` rows) both ride in its epilogue; past that cuBLAS,
+    then ``F.gelu`` / ``addcmul``: the float64 formulas either way."""
+    monkeypatch.setattr(skinny, "PROGRAMS", 4)
+    monkeypatch.setattr(skinny, "TILE", 64)
+    g = torch.Generator().manual_seed(rows + 40)
+    k, n = 80, 36
+    x, w, b = torch.randn(1, rows, k, generator=g), torch.randn(n, k, generator=g) / 5, torch.randn(n, generator=g)
+    r, scale = torch.randn(1, rows, n, generator=g), torch.randn(n, generator=g)
+    y = x.double() @ w.double().T + b.double()
+    assert close(skinny.linear(x, w, b, gelu=True), F.gelu(y).float())
+    assert close(skinny.linear(x, w, b, residual=r, scale=scale), (r.double() + scale.double() * y).float())
+    rt = r.transpose(1, 2).contiguous().transpose(1, 2)  # any strides of the residual's rows
+    assert close(skinny.linear(x, w, b, residual=rt, scale=scale), (r.double() + scale.double() * y).float())
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 6])
+@pytest.mark.parametrize("residual", [False, True], ids=["norm", "add-then-norm"])
+def test_normed_product_is_the_norm_then_the_product(monkeypatch, rows, residual):
+    """``skinny.normed_linear``: the product of ``rms_norm(h + scale * r)`` (or of
+    ``rms_norm(h)``) and the new residual stream ``h + scale * r``, equal to the float64
+    formulas. Up to ``MAX_ROWS`` rows it is one launch (every program finds the rows' RMS in its
+    loads, over several K steps here, and one stores the stream); past that the norm kernels,
+    then the product."""
+    monkeypatch.setattr(skinny, "PROGRAMS", 4)  # several programs, so the stream has one writer of many
+    monkeypatch.setattr(skinny, "TILE", 64)
+    g = torch.Generator().manual_seed(rows)
+    k, n, eps = 96, 40, 1e-5
+    h, r = torch.randn(1, rows, k, generator=g) * 2, torch.randn(1, rows, k, generator=g)
+    scale, nw = torch.rand(k, generator=g), torch.randn(k, generator=g)
+    w, b = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+    ran: list[str] = []
+    for name in ("rms_norm", "add_rms_norm"):
+        monkeypatch.setattr(skinny, name, lambda *a, _f=getattr(skinny, name), _n=name: ran.append(_n) or _f(*a))
+    y, stream = skinny.normed_linear(h, w, nw, eps, r if residual else None, scale if residual else None, b)
+    hs = h.double() + scale.double() * r.double() if residual else h.double()
+    normed = hs * torch.rsqrt(hs.pow(2).mean(-1, keepdim=True) + eps) * nw.double()
+    assert close(y, (normed @ w.double().T + b.double()).float()) and close(stream, hs.float())
+    assert ran == ([] if rows <= skinny.MAX_ROWS else ["add_rms_norm" if residual else "rms_norm"])
+
+
 def test_skinny_takes_half_products_where_the_model_says(monkeypatch):
     """float16 inputs and weights go through the kernel as they are (float32 products, one
     rounding of the output to float16), mixed dtypes never; the model's ``LayerChoices`` say
-    per dtype whether it may (``skinny_half``, off unless set; float32 follows ``skinny``)."""
+    per dtype whether it may (``skinny_half``, on unless unset; float32 follows ``skinny``)."""
     from code2wav.model.choices import LayerChoices
 
     monkeypatch.setattr(skinny, "PROGRAMS", 4)
@@ -778,7 +855,8 @@ def test_skinny_takes_half_products_where_the_model_says(monkeypatch):
     y = skinny.matmul_t(xh, wh, bh)
     want = xh.double() @ wh.double().T + bh.double()
     assert y.dtype == torch.float16 and close(y, want.half(), 1e-3)  # float16's own rounding of the result
-    assert LayerChoices().skinny_for(torch.float32) and not LayerChoices().skinny_for(torch.float16)
+    assert LayerChoices().skinny_for(torch.float32) and LayerChoices().skinny_for(torch.float16)
+    assert not LayerChoices(skinny_half=False).skinny_for(torch.float16)
     assert LayerChoices(skinny_half=True).skinny_for(torch.bfloat16)
     assert not LayerChoices(skinny=False, skinny_half=True).skinny_for(torch.float16)
     assert not LayerChoices(skinny=False).skinny_for(torch.float32)

@@ -50,9 +50,10 @@ class LayerChoices:
     # GEMV-style kernel (kernels/skinny.py) instead of cuBLAS.
     skinny: bool = True
     # The same for float16/bfloat16 products (float16 low-rate stages, a bf16 conv stack's
-    # few-row convs and ConvTransposes; with it the one-frame MLP's silu * up rides in the down
-    # projection's loads), where ``skinny`` is on too.
-    skinny_half: bool = False
+    # few-row convs and ConvTransposes), where ``skinny`` is on too. With it a one-frame step's
+    # transformer launches no norm or gate kernel: each RMSNorm (and the residual add before it)
+    # rides in the next product's loads, the MLP's silu * up in the down projection's.
+    skinny_half: bool = True
     # Streaming steps of at most this many frames a row run each layer's attention as one
     # kernel (kernels/attention.py: RoPE, the KV history read and write, the position mask,
     # softmax, the output in the projection's rows) instead of rope_kv_cat, a mask, SDPA and a

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from code2wav.kernels import attention, skinny, snake
 from code2wav.kernels.history import window
-from code2wav.kernels.transformer import add_rms_norm, rms_norm, rms_norm_eager, rope_kv_cat, rotate_eager
+from code2wav.kernels.transformer import rms_norm_eager, rope_kv_cat, rotate_eager
 from code2wav.model.choices import DEFAULT_CHOICES, LayerChoices
 from code2wav.model.config import DecoderConfig
 from code2wav.model.streaming import Step, StreamingLayer
@@ -129,20 +129,20 @@ class Attention(StreamingLayer):
         """This layer's key and value histories in ``step``'s pool."""
         return step.pool[f"{self.state_key}.k"], step.pool[f"{self.state_key}.v"]
 
-    def forward_one_kernel(self, x: Tensor, inv_freq: Tensor, step: Step, skinny_on: bool = True) -> Tensor:
-        """:meth:`forward_fused` in a step of few frames (``Transformer._forward_fused``):
+    def attend_one_kernel(self, qkv: Tensor, inv_freq: Tensor, step: Step, skinny_on: bool = True) -> Tensor:
+        """:meth:`attend_fused` in a step of few frames (``Transformer._forward_fused``):
         everything between the two projections is one kernel (kernels/attention.py), RoPE at
         the rows' positions with Rotary's ``inv_freq``."""
-        qkv = skinny.linear(x, self.qkv_weight, enabled=skinny_on)
         out = attention.attend(qkv, self.n_heads, self.n_kv, inv_freq, *self.pool_kv(step), step.slots, step.n_new,
-                               step.start, self.sliding_window, x.dtype)
+                               step.start, self.sliding_window, qkv.dtype)
         return skinny.linear(out, self.o_proj.weight, enabled=skinny_on)
 
-    def forward_fused(self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, step: Step | None, skinny_on: bool = True) -> Tensor:
-        """:meth:`forward` after :meth:`fuse`: one GEMM, then RoPE, the history concat and the
-        history write in one kernel (``skinny_on``: ``LayerChoices.skinny_for``)."""
-        B, T, _ = x.shape
-        qkv = skinny.linear(x, self.qkv_weight, enabled=skinny_on)
+    def attend_fused(self, qkv: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, step: Step | None, skinny_on: bool = True) -> Tensor:
+        """:meth:`forward` after :meth:`fuse`, from the fused q/k/v product ``qkv`` [B, T, E]
+        (``Transformer._forward_fused`` makes it, the input norm in its loads where it can):
+        RoPE, the history concat and the history write in one kernel, SDPA, the output
+        projection (``skinny_on``: ``LayerChoices.skinny_for``)."""
+        B, T, _ = qkv.shape
         if step is None:
             q, k, v = rope_kv_cat(qkv, self.n_heads, self.n_kv, *rope, out_dtype=self.attention_dtype)
         else:
@@ -151,7 +151,7 @@ class Attention(StreamingLayer):
             k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
             v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim))
-        return skinny.linear(out.to(x.dtype).transpose(1, 2).reshape(B, T, -1), self.o_proj.weight, enabled=skinny_on)
+        return skinny.linear(out.to(qkv.dtype).transpose(1, 2).reshape(B, T, -1), self.o_proj.weight, enabled=skinny_on)
 
 
 class MLP(nn.Module):
@@ -168,10 +168,6 @@ class MLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-    def forward_fused(self, x: Tensor, skinny_on: bool = True) -> Tensor:
-        gu = skinny.linear(x, self.gate_up_weight, enabled=skinny_on)
-        return skinny.linear(gu, self.down_proj.weight, enabled=skinny_on, gated=True)  # silu_mul(gu) as its input
 
 
 class TransformerLayer(nn.Module):
@@ -242,9 +238,10 @@ class Transformer(nn.Module):
 
     def _forward_fused(self, x: Tensor, step: Step | None) -> Tensor:
         """The layers' math regrouped so each residual add + layer scale shares a kernel with the
-        RMSNorm that follows it (the next layer's input norm, or the final norm). In steps of
-        few frames (``LayerChoices.attention_frames``) attention is one kernel that rotates and
-        masks by position itself: no RoPE tables, no mask."""
+        RMSNorm that follows it (the next layer's input norm, or the final norm), and in steps
+        of a few rows that kernel is the next product itself (``skinny.normed_linear``: the norm
+        in its loads). In steps of few frames (``LayerChoices.attention_frames``) attention is
+        one kernel that rotates and masks by position itself: no RoPE tables, no mask."""
         on = self.choices.skinny_for(x.dtype)
         h = skinny.linear(x, self.input_proj.weight, self.input_proj.bias, enabled=on)
         first = self.layers[0].self_attn
@@ -253,16 +250,17 @@ class Transformer(nn.Module):
         if not one_kernel:
             q_pos = self.positions(x, step)
             rope, bias = self.rotary(q_pos), _additive_mask(first.mask(q_pos, step), dtype)
-        layers = list(self.layers)
-        n = rms_norm(h, layers[0].input_layernorm.weight, layers[0].input_layernorm.eps)
-        for i, layer in enumerate(layers):
-            attn = layer.self_attn
-            a = attn.forward_one_kernel(n, self.rotary.inv_freq, step, on) if one_kernel else attn.forward_fused(n, rope, bias, step, on)
+        # The residual add waiting for the next norm: h + scale * res (none before the first layer).
+        res: Tensor | None = None
+        scale: Tensor | None = None
+        for layer in self.layers:
+            attn, mlp, pre = layer.self_attn, layer.mlp, layer.input_layernorm
+            qkv, h = skinny.normed_linear(h, attn.qkv_weight, pre.weight, pre.eps, res, scale, enabled=on)
+            a = attn.attend_one_kernel(qkv, self.rotary.inv_freq, step, on) if one_kernel else attn.attend_fused(qkv, rope, bias, step, on)
             post = layer.post_attention_layernorm
-            h, n = add_rms_norm(h, a, layer.self_attn_layer_scale.scale, post.weight, post.eps)
-            nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.norm
-            h, n = add_rms_norm(h, layer.mlp.forward_fused(n, on), layer.mlp_layer_scale.scale, nxt.weight, nxt.eps)
-        return skinny.linear(n, self.output_proj.weight, self.output_proj.bias, enabled=on)
+            gu, h = skinny.normed_linear(h, mlp.gate_up_weight, post.weight, post.eps, a, layer.self_attn_layer_scale.scale, enabled=on)
+            res, scale = skinny.linear(gu, mlp.down_proj.weight, enabled=on, gated=True), layer.mlp_layer_scale.scale
+        return skinny.normed_linear(h, self.output_proj.weight, self.norm.weight, self.norm.eps, res, scale, self.output_proj.bias, on)[0]
 
 
 def _additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
