@@ -9,6 +9,8 @@
 #   bash bench/session25.sh c   the one-frame step's norms, gate, GELU, layer scale and residual inside its
 #                               products (skinny_half, now the default): launch_budget, graph replay per
 #                               shape both ways, the quick GPU checks, the record (sustained 1 / 64 / 256)
+#   bash bench/session25.sh d   the tree before that change (ab_old/, carried) and after, alternating
+#                               processes: graph replay 1 x 1 and 16 x 25, then sustained 1 / 64 / 256
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 case "${1:-}" in
@@ -46,6 +48,25 @@ c)
   FIRST_PACKET_PAUSE_MS=0 FIRST_PACKET_TAIL=4 FIRST_PACKET_ENGINE=default timeout 90 python3 bench/first_packet.py 200 2>&1 \
     | tee "$OUT/first_packet.txt" | tail -14 | tee -a "$log"
   ;;
-*) echo "usage: bash bench/session25.sh a|b|c" >&2; exit 2 ;;
+d)
+  # ab_old/: the tree before the change (git archive 0e6ef83 code2wav bench), carried; alternating processes
+  for i in 1 2; do
+    for tree in old new; do
+      stamp "graph replay 1 x 1 and 16 x 25, $tree tree ($i)"
+      if [ $tree = old ]; then dir=ab_old; else dir=.; fi
+      (cd $dir && PYTHONPATH=$PWD timeout 80 python3 bench/launch_budget.py 1x1,16x25 200) 2>&1 | grep " x " | tee -a "$log"
+    done
+  done
+  for i in 1 2; do
+    for tree in old new; do
+      if [ $tree = old ]; then dir=ab_old; else dir=.; fi
+      stamp "sustained 1 / 64 / 256, $tree tree ($i)"
+      (cd $dir && PYTHONPATH=$PWD timeout 110 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 1,64,256 --seconds 3 --out "$OUT/${tree}_$i") 2>&1 \
+        | tr "\r" "\n" | grep -A4 "^mode" | tee -a "$log"
+      rm -f "$OUT/${tree}_$i/plot.png"
+    done
+  done
+  ;;
+*) echo "usage: bash bench/session25.sh a|b|c|d" >&2; exit 2 ;;
 esac
 stamp "done"
