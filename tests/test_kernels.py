@@ -40,6 +40,7 @@ def triton_on_cpu(monkeypatch):
     monkeypatch.setattr(mono_conv, "BLOCK_T", 4096)
     monkeypatch.setattr(unit, "ACC_ELEMENTS", 1 << 24)
     monkeypatch.setattr(skinny, "MIN_WEIGHT", 0)  # the shrunk model's few-row float32 products too
+    monkeypatch.setattr(skinny, "PROGRAMS", 2)  # few, wide programs: each finds a norm's RMS itself
     with one_thread():
         yield
 
@@ -678,7 +679,6 @@ def test_one_frame_steps_fold_the_norms_into_the_products(monkeypatch):
     with no new frame, a padding row on the scratch slot)."""
     from code2wav.model.choices import LayerChoices
 
-    monkeypatch.setattr(skinny, "PROGRAMS", 2)  # the interpreter runs programs one by one: fewer, wider ones
     tr = model(SMALL, torch.float32).pre_transformer
     monkeypatch.setattr(tr, "choices", LayerChoices(attention_frames=4))
     g = torch.Generator().manual_seed(9)
@@ -867,6 +867,7 @@ def test_skinny_applies_to_few_rows_of_big_float32_weights(monkeypatch):
     ``MAX_ROWS`` rows, weights of at least ``MIN_WEIGHT`` elements, with about ``PROGRAMS``
     programs; anything else goes to cuBLAS. ``linear`` equals ``F.linear`` either way."""
     monkeypatch.setattr(skinny, "MIN_WEIGHT", 1 << 18)
+    monkeypatch.setattr(skinny, "PROGRAMS", 256)  # the GPU's tiling (the fixture's is the interpreter's)
     w, x = torch.randn(1024, 512), torch.randn(4, 512)
     assert skinny.applies(x, w)
     assert not skinny.applies(torch.randn(5, 512), w)  # rows enough for a tensor-core GEMM
