@@ -11,6 +11,7 @@
 #                               shape both ways, the quick GPU checks, the record (sustained 1 / 64 / 256)
 #   bash bench/session25.sh d   the tree before that change (ab_old/, carried) and after, alternating
 #                               processes: graph replay 1 x 1 and 16 x 25, then sustained 1 / 64 / 256
+#   bash bench/session25.sh e   the record (sustained 1 / 64 / 256) in three processes, one start
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 case "${1:-}" in
@@ -67,6 +68,9 @@ d)
     done
   done
   ;;
-*) echo "usage: bash bench/session25.sh a|b|c|d" >&2; exit 2 ;;
+e)
+  for i in 1 2 3; do sustained_levels "record_$i"; done
+  ;;
+*) echo "usage: bash bench/session25.sh a|b|c|d|e" >&2; exit 2 ;;
 esac
 stamp "done"
