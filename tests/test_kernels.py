@@ -651,11 +651,11 @@ def test_transformer_fused_path_equals_eager(monkeypatch, pooled, tiles):
     layer's attention as one kernel, or with ``attention_frames = 0`` rope_kv_cat with the
     history write, then SDPA) against the module code: same output, same pool state afterwards
     (every slot: padding rows on the scratch slot too). With many tiles (attention kernel off)
-    rope_kv_cat walks the KV window's 71 history rows in 36 chunks of 2."""
+    rope_kv_cat walks the KV window's 71 history rows in 18 chunks of 4, the last one short."""
     from code2wav.model.choices import LayerChoices
 
     if tiles == "many":
-        monkeypatch.setattr(snake, "BLOCK", 32)
+        monkeypatch.setattr(snake, "BLOCK", 64)
     tr = model(SMALL, torch.float32).pre_transformer
     assert tr.is_fused  # tests/models.py fuses like load_decoder
     monkeypatch.setattr(tr, "choices", LayerChoices(attention_frames=0 if tiles in ("many", "attention-kernel-off") else 4))
