@@ -124,17 +124,19 @@ def tiles(n: int, k: int) -> tuple[int, int]:
 
 
 def matmul_t(x: Tensor, w: Tensor, bias: Tensor | None = None, out: Tensor | None = None, accumulate: bool = False,
-             enabled: bool = True, gated: bool = False) -> Tensor:
+             enabled: bool = True, gated: bool = False, gelu: bool = False, residual: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """``x @ w.T (+ bias)`` for ``x`` [M, K] and ``w`` [N, K] (any strides), into ``out`` [M, N]
     (``x``'s dtype) if given (``accumulate``: ``out += ...``). Through the kernel where
     ``applies(x, w, enabled)``, else ``torch.addmm`` / ``matmul``. ``gated``: ``x`` is
     ``[M, 2K]`` = ``[gate, up]`` and the product is ``silu_mul(x) @ w.T``, through the kernel
-    only (the caller checks ``applies`` on ``x[:, :K]``)."""
+    only (the caller checks ``applies`` on ``x[:, :K]``). ``gelu`` and ``residual`` ((rows
+    [M, N], scale [N]): ``rows + scale * y``) are applied after the product, through the
+    kernel only as well (:func:`linear` has their formulas for the rest)."""
     if gated:
         x = x[:, : x.shape[1] // 2]  # the gate half: the kernel reads the up half K columns on
     if not applies(x, w, enabled):
-        if gated:
-            raise ValueError("a gated product runs through the kernel only: check applies() first")
+        if gated or gelu or residual is not None:
+            raise ValueError("a gated, GELU or residual product runs through the kernel only: check applies() first")
         if out is None:
             return x @ w.t() if bias is None else torch.addmm(bias, x, w.t())
         if accumulate:
@@ -142,7 +144,7 @@ def matmul_t(x: Tensor, w: Tensor, bias: Tensor | None = None, out: Tensor | Non
         return torch.matmul(x, w.t(), out=out) if bias is None else torch.addmm(bias, x, w.t(), out=out)
     if out is None:
         out = torch.empty(x.shape[0], w.shape[0], device=x.device, dtype=x.dtype)
-    _launch(x, w, bias, out, accumulate, gated)
+    _launch(x, w, bias, out, accumulate, gated, gelu=gelu, residual=residual)
     return out
 
 
@@ -176,12 +178,8 @@ def linear(x: Tensor, w: Tensor, bias: Tensor | None = None, enabled: bool = Tru
     if x.numel() <= MAX_ROWS * x.shape[-1]:  # else a large step: no reshape or checks on its way to cuBLAS
         rows = x.reshape(-1, x.shape[-1])  # a view for the rows these layers see
         if applies(rows[:, : w.shape[1]] if gated else rows, w, enabled):
-            if not (gelu or residual is not None):
-                return matmul_t(rows, w, bias, enabled=enabled, gated=gated).view(*x.shape[:-1], w.shape[0])
-            out = torch.empty(rows.shape[0], w.shape[0], device=x.device, dtype=x.dtype)
-            res = None if residual is None else (residual.reshape(out.shape), scale)
-            _launch(rows[:, : rows.shape[1] // 2] if gated else rows, w, bias, out, gated=gated, gelu=gelu, residual=res)
-            return out.view(*x.shape[:-1], w.shape[0])
+            res = None if residual is None else (residual.reshape(rows.shape[0], w.shape[0]), scale)
+            return matmul_t(rows, w, bias, enabled=enabled, gated=gated, gelu=gelu, residual=res).view(*x.shape[:-1], w.shape[0])
     y = torch.nn.functional.linear(silu_mul(x) if gated else x, w, bias)
     if gelu:
         y = torch.nn.functional.gelu(y)
