@@ -2,6 +2,11 @@
 # Session 26 (repo root on the device).
 #   bash bench/session26.sh a   steps on two CUDA streams (bench/two_streams.py): a large step beside a
 #                               small one, two large ones alternating; the default step's kernels
+#   bash bench/session26.sh b   a one-kernel unit writing the next unit's concat (LayerChoices.unit_feed):
+#                               the quick GPU checks (bit for bit against unit_feed off), graph replay per
+#                               shape both ways, the record (sustained 1 / 64 / 256) both ways
+#   bash bench/session26.sh c   the same with the feed at the samples form's width only (192): graph replay
+#                               interleaved in one process (bench/replay_ab.py), the record alternating, twice
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 case "${1:-}" in
@@ -11,6 +16,26 @@ a)
   stamp "graph replay per step shape and the 16 x 25 step's kernels (default)"
   timeout 150 python3 bench/profile_step.py bfloat16 channels_last 2>&1 | tee "$OUT/profile.txt" | grep -B1 -A9 "eager ms" | tee -a "$log"
   ;;
-*) echo "usage: bash bench/session26.sh a" >&2; exit 2 ;;
+b)
+  stamp "quick GPU checks (the unit_feed one third)"
+  timeout 150 python3 bench/gpu_check.py --quick > "$OUT/gpu_check.txt" 2>&1
+  grep -E "^(PASS|FAIL|SUMMARY)" "$OUT/gpu_check.txt" | tee -a "$log"
+  stamp "graph replay per step shape: unit_feed (default) vs off"
+  timeout 170 python3 bench/profile_step.py bfloat16 channels_last,channels_last-feed=0 2>&1 \
+    | tee "$OUT/profile.txt" | grep -B1 -A9 "eager ms" | tee -a "$log"
+  sustained_levels feed
+  sustained_levels nofeed --set layers.unit_feed=false
+  keep_triton_cache
+  ;;
+c)
+  stamp "graph replay, unit_feed (now the samples form only) vs off, interleaved in one process"
+  timeout 200 python3 bench/replay_ab.py channels_last,channels_last-feed=0 1x1,1x25,16x25,20x25,64x8 7 20 2>&1 \
+    | tee "$OUT/replay_ab.txt" | tee -a "$log"
+  for i in 1 2; do
+    sustained_levels "feed_$i"
+    sustained_levels "nofeed_$i" --set layers.unit_feed=false
+  done
+  ;;
+*) echo "usage: bash bench/session26.sh a|b|c" >&2; exit 2 ;;
 esac
 stamp "done"
