@@ -30,7 +30,6 @@ SUFFIXES = {
     "unitfill": ("unit_fill_sms", lambda v: v != "0"),
     "gemmrows": ("conv_gemm_rows", int),
     "unitconv": ("unit_conv_rows", int),
-    "feed": ("unit_feed", lambda v: v != "0"),
     "convtk": ("convt_kernel_rows", int),
     "attn": ("attention_frames", int),
 }

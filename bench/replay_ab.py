@@ -2,8 +2,8 @@
 same random weights) captures the shapes' graphs, then every round replays each shape under each
 layout in turn (CUDA events, ``reps`` replays), so drifts of the clock or the machine fall on all
 of them alike. Prints per shape and layout the median over rounds, and the graph pools' sizes.
-Layouts are bench/profile_step.py's (``channels_last-feed=0``, ...).
-argv: [layouts, default channels_last,channels_last-feed=0] [shapes, default 1x1,1x25,16x25,20x25,64x8]
+Layouts are bench/profile_step.py's (``channels_last-unitconv=0``, ...).
+argv: [layouts, default channels_last,channels_last-skinnyhalf=0] [shapes, default 1x1,1x25,16x25,20x25,64x8]
 [rounds, default 7] [reps, default 20]
 """
 
@@ -25,7 +25,7 @@ from code2wav.stream.pool import StatePool
 
 
 def main() -> int:
-    layouts = (sys.argv[1] if len(sys.argv) > 1 else "channels_last,channels_last-feed=0").split(",")
+    layouts = (sys.argv[1] if len(sys.argv) > 1 else "channels_last,channels_last-skinnyhalf=0").split(",")
     shapes = [tuple(int(v) for v in s.split("x")) for s in (sys.argv[2] if len(sys.argv) > 2 else "1x1,1x25,16x25,20x25,64x8").split(",")]
     rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 7
     reps = int(sys.argv[4]) if len(sys.argv) > 4 else 20

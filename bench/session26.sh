@@ -2,6 +2,7 @@
 # Session 26 (repo root on the device).
 #   bash bench/session26.sh a   steps on two CUDA streams (bench/two_streams.py): a large step beside a
 #                               small one, two large ones alternating; the default step's kernels
+#   (b and c ran at 105ab9f, where LayerChoices.unit_feed exists; it was reverted after them)
 #   bash bench/session26.sh b   a one-kernel unit writing the next unit's concat (LayerChoices.unit_feed):
 #                               the quick GPU checks (bit for bit against unit_feed off), graph replay per
 #                               shape both ways, the record (sustained 1 / 64 / 256) both ways

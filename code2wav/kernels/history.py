@@ -59,7 +59,7 @@ if triton is not None:
         out_ptr, x_ptr, pool_ptr, slots_ptr, n_new_ptr, alpha_ptr, beta_ptr, bias_ptr,
         C, H, T, T_OUT, RATE, sob, soc, sot, sxb, sxc, sxt, spn, spc, spt,
         HAS_POOL: tl.constexpr, WRITE: tl.constexpr, HAS_ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
-        FAST_SIN: tl.constexpr, NEW_IN_OUT: tl.constexpr, SPLIT: tl.constexpr, HIST_C: tl.constexpr, CHUNKS: tl.constexpr, BLOCK_H: tl.constexpr,
+        FAST_SIN: tl.constexpr, SPLIT: tl.constexpr, HIST_C: tl.constexpr, CHUNKS: tl.constexpr, BLOCK_H: tl.constexpr,
         BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr,
     ):
         wait_previous(PDL)  # before any memory access (kernels/pdl.py)
@@ -84,11 +84,8 @@ if triton is not None:
                     if WRITE:
                         src = start + j  # where the new history's sample j sits in the output
                         kept = tl.load(pool_row + src * spt, mask=m & (src < H), other=0.0).to(tl.float32)
-                        if NEW_IN_OUT:  # written by the kernel before (history_fill): read back, not recomputed
-                            new = tl.load(out_row + src * sot, mask=m & (src >= H), other=0.0).to(tl.float32)
-                        else:
-                            new = _new_samples(x_ptr, alpha_ptr, beta_ptr, bias_ptr, b, hc, src, m, C, H, T, sxb, sxc, sxt,
-                                               HAS_ACT, HAS_BIAS, FAST_SIN)
+                        new = _new_samples(x_ptr, alpha_ptr, beta_ptr, bias_ptr, b, hc, src, m, C, H, T, sxb, sxc, sxt,
+                                           HAS_ACT, HAS_BIAS, FAST_SIN)
                         # Rounded to the output's dtype first: the value the output holds at src.
                         new = tl.where(src < H, kept, new).to(out_ptr.dtype.element_ty)
                         tl.debug_barrier()  # all of this chunk's pool loads before any store to it
@@ -157,30 +154,10 @@ def history_cat(x: Tensor, history: int, pool: Tensor | None = None, slots: Tens
         n_new if write else dummy, alpha, beta, bias if bias is not None else dummy,
         C, history, T, T_out, rate, *out.stride(), *x.stride(), *(pool.stride() if pool is not None else (0, 0, 0)),
         HAS_POOL=pool is not None, WRITE=write, HAS_ACT=act is not None, HAS_BIAS=bias is not None,
-        FAST_SIN=fast_sin(x), NEW_IN_OUT=False, SPLIT=split, HIST_C=hist_c, CHUNKS=triton.cdiv(history, bh), BLOCK_H=bh,
+        FAST_SIN=fast_sin(x), SPLIT=split, HIST_C=hist_c, CHUNKS=triton.cdiv(history, bh), BLOCK_H=bh,
         BLOCK_L=bl, BLOCK_C=bc, num_warps=snake.NUM_WARPS, **pdl.options(x),
     )
     return out
-
-
-def history_fill(xx: Tensor, history: int, pool: Tensor, slots: Tensor, n_new: Tensor, rate: int) -> None:
-    """The rest of :func:`history_cat` for a concat ``xx`` (``[B, C, history + L]``) whose new
-    part ``xx[..., history:]`` another kernel already wrote (kernels/unit_conv.Feed): the pool's
-    history into ``xx[..., :history]``, and each row's new history back to the pool, in place.
-    Only the history programs run: no pass over the new samples."""
-    B, C, T = xx.shape
-    if not snake.fused(xx) or B * C * T >= 2**31:
-        xx[..., :history] = pool.index_select(0, slots).to(xx.dtype)
-        history_write(pool, slots, xx, n_new, rate, history)
-        return
-    bl, bc = tile_shape(C, T, is_channels_last(xx))
-    split, hist_c, bh = _history_programs(history, min(bc, triton.next_power_of_2(C)))
-    _history_cat_kernel[(split, triton.cdiv(C, bc), B)](
-        xx, xx, pool, slots, n_new, xx, xx, xx, C, history, T, T, rate, *xx.stride(), *xx.stride(), *pool.stride(),
-        HAS_POOL=True, WRITE=True, HAS_ACT=False, HAS_BIAS=False, FAST_SIN=False, NEW_IN_OUT=True, SPLIT=split,
-        HIST_C=hist_c, CHUNKS=triton.cdiv(history, bh), BLOCK_H=bh, BLOCK_L=bl, BLOCK_C=bc, num_warps=snake.NUM_WARPS,
-        **pdl.options(xx),
-    )
 
 
 def window(x: Tensor, start: Tensor, length: int, dim: int) -> Tensor:

@@ -87,17 +87,6 @@ if triton is not None:
         return snake_value(h, a, inv_b, FAST_SIN).to(out_ty)
 
     @triton.jit
-    def _store_fed(y_ptrs, xn_ptrs, y, c, m, an_ptr, bn_ptr, C, FEED: tl.constexpr, FAST_SIN: tl.constexpr):
-        """Store the unit's output ``y`` (fp32, channels ``c``); with ``FEED`` also the next
-        unit's SnakeBeta of it, as that unit's history concat would compute it from the stored
-        (rounded) output, into the next concat's new part."""
-        yr = y.to(y_ptrs.dtype.element_ty)
-        tl.store(y_ptrs, yr, mask=m)
-        if FEED:
-            a, inv_b = snake_params(an_ptr, bn_ptr, c, C)
-            tl.store(xn_ptrs, snake_value(yr.to(tl.float32), a, inv_b, FAST_SIN).to(xn_ptrs.dtype.element_ty), mask=m)
-
-    @triton.jit
     def _unit_rows(xx_ptr, M, L, sxxb, sxb, C: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                    TMA: tl.constexpr, SAMPLES_WIDE: tl.constexpr):
         """A program's output samples: ``rm`` (``b * L + t``, a column ``[BM, 1]``, or a row
@@ -136,12 +125,11 @@ if triton is not None:
 
     @triton.jit
     def _unit_conv_kernel(xx_ptr, x_ptr, w1_ptr, w2_ptr, y_ptr, b1_ptr, alpha_ptr, beta_ptr, b2_ptr,
-                          xn_ptr, an_ptr, bn_ptr, HN, sxnb,
                           M, L, D, sxxb, sxb, s1n, s1k, s1t, s2n, s2k,
                           C: tl.constexpr, CA: tl.constexpr, CB: tl.constexpr, TAPS: tl.constexpr,
                           FAST_SIN: tl.constexpr, NUM_STAGES: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr, TMA_W: tl.constexpr,
-                          WS: tl.constexpr, FEED: tl.constexpr, PDL: tl.constexpr):
+                          WS: tl.constexpr, PDL: tl.constexpr):
         wait_previous(PDL)  # before any memory access (kernels/pdl.py)
         HAS_B: tl.constexpr = CB > 0
         CBP: tl.constexpr = CB if CB > 0 else 16  # a shape for the unused second half
@@ -181,21 +169,19 @@ if triton is not None:
             yb = tl.dot(hb, tl.load(w2_ptr + nb * s2n + kb * s2k), yb)
         ya += tl.load(b2_ptr + na).to(tl.float32) + tl.load(x_ptr + x_rows + na, mask=mmask, other=0.0).to(tl.float32)
         y_rows = rm.to(tl.int64) * C
-        xn_rows = b.to(tl.int64) * sxnb + (HN + t) * C
-        _store_fed(y_ptr + y_rows + na, xn_ptr + xn_rows + na, ya, na, mmask, an_ptr, bn_ptr, C, FEED, FAST_SIN)
+        tl.store(y_ptr + y_rows + na, ya.to(y_ptr.dtype.element_ty), mask=mmask)
         if HAS_B:
             yb += tl.load(b2_ptr + nb).to(tl.float32) + tl.load(x_ptr + x_rows + nb, mask=mmask, other=0.0).to(tl.float32)
-            _store_fed(y_ptr + y_rows + nb, xn_ptr + xn_rows + nb, yb, nb, mmask, an_ptr, bn_ptr, C, FEED, FAST_SIN)
+            tl.store(y_ptr + y_rows + nb, yb.to(y_ptr.dtype.element_ty), mask=mmask)
 
 
     @triton.jit
     def _unit_conv_t_kernel(xx_ptr, x_ptr, w1_ptr, w2_ptr, y_ptr, b1_ptr, alpha_ptr, beta_ptr, b2_ptr,
-                            xn_ptr, an_ptr, bn_ptr, HN, sxnb,
                             M, L, D, sxxb, sxb, s1n, s1k, s1t, s2n, s2k,
                             C: tl.constexpr, CP: tl.constexpr, TAPS: tl.constexpr,
                             FAST_SIN: tl.constexpr, NUM_STAGES: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr, TMA_W: tl.constexpr,
-                            WS: tl.constexpr, FEED: tl.constexpr, PDL: tl.constexpr):
+                            WS: tl.constexpr, PDL: tl.constexpr):
         """The same unit, transposed: ``acc[n, m]`` over output channels ``n`` (``C`` padded to
         ``CP``; the padding's weights load as zero, so its rows stay zero) and samples ``m``."""
         wait_previous(PDL)  # before any memory access (kernels/pdl.py)
@@ -224,16 +210,7 @@ if triton is not None:
         m = nmask & mmask
         y += tl.load(b2_ptr + n, mask=nmask, other=0.0).to(tl.float32)
         y += tl.load(x_ptr + x_cols + n, mask=m, other=0.0).to(tl.float32)
-        xn_cols = b.to(tl.int64) * sxnb + (HN + t) * C
-        _store_fed(y_ptr + rm.to(tl.int64) * C + n, xn_ptr + xn_cols + n, y, n, m, an_ptr, bn_ptr, C, FEED, FAST_SIN)
-
-
-def feeds(C: int) -> bool:
-    """Whether a ``C``-channel unit writes the next unit's concat (``LayerChoices.unit_feed``):
-    in the samples form only. The channels form holds its output transposed (channels x
-    samples), and a second scattered store of it, with SnakeBeta, cost its kernel more than the
-    concat's pass it saved (BENCHMARKS.md, session 26)."""
-    return C in TILES and TILES[C].form == "samples"
+        tl.store(y_ptr + rm.to(tl.int64) * C + n, y.to(y_ptr.dtype.element_ty), mask=m)
 
 
 def applies(x: Tensor, rows_min: int) -> bool:
@@ -248,29 +225,14 @@ def applies(x: Tensor, rows_min: int) -> bool:
             and is_channels_last(x))
 
 
-@dataclass(frozen=True)
-class Feed:
-    """Where a unit also writes its output's SnakeBeta: the next unit's history concat ``xx``
-    (``[B, C, history + L]`` channels-last, dense rows), whose new part ``xx[..., history:]`` is
-    then ``snake(y)`` with the next unit's first activation (``alpha``, ``beta``), as
-    kernels/history.py's concat would write it; its history part is left to
-    ``history.history_fill``. One pass over the activation fewer than the concat."""
-
-    xx: Tensor
-    alpha: Tensor
-    beta: Tensor
-    history: int
-
-
 def unit_conv(xx: Tensor, x: Tensor, w1: Tensor, dilation: int, b1: Tensor, alpha: Tensor, beta: Tensor,
-              w2: Tensor, b2: Tensor, tiles: ConvTiles | None = None, feed: Feed | None = None) -> Tensor:
+              w2: Tensor, b2: Tensor, tiles: ConvTiles | None = None) -> Tensor:
     """A residual unit's output from ``xx`` = ``[history, snake(x)]`` (``[B, C, H + L]``
     channels-last, ``H = (k - 1) * dilation``; a longer, zero-padded ``xx`` is fine) and its
     input ``x`` (``[B, C, L]`` channels-last, the residual): ``x + b2 + conv1x1(snake(conv_k(xx)
     + b1), w2)`` with ``w1`` the dilated conv's ``[C, C, k]`` weight and ``w2`` the 1x1 conv's
     ``[C, C, 1]``; SnakeBeta's ``alpha``/``beta`` are the second activation's. Returns a new
-    channels-last tensor. ``tiles`` is for ``bench/unit_conv.py``'s sweep; by default ``TILES[C]``.
-    ``feed``: the next unit's concat, whose new part is written too (see :class:`Feed`)."""
+    channels-last tensor. ``tiles`` is for ``bench/unit_conv.py``'s sweep; by default ``TILES[C]``."""
     B, C, L = x.shape
     taps = w1.shape[-1]
     if xx.shape[-1] < L + (taps - 1) * dilation:
@@ -294,14 +256,10 @@ def unit_conv(xx: Tensor, x: Tensor, w1: Tensor, dilation: int, b1: Tensor, alph
     grid = (triton.cdiv(L, block_m), B) if t.tma else (triton.cdiv(M, block_m),)
     if (t.tma or t.tma_w) and x.is_cuda:
         _descriptor_scratch()
-    if feed is not None and not (feed.xx.shape == (B, C, feed.history + L) and is_channels_last(feed.xx) and _dense_rows(feed.xx)):
-        raise ValueError(f"the fed concat must be a dense channels-last [{B}, {C}, {feed.history} + {L}], got "
-                         f"{tuple(feed.xx.shape)} with strides {feed.xx.stride()}")
-    fed = (feed.xx, feed.alpha, feed.beta, feed.history, feed.xx.stride(0)) if feed is not None else (y, b1, b1, 0, 0)
-    common = (xx, x, w1, w2, y, b1, alpha, beta, b2, *fed, M, L, dilation, xx.stride(0), x.stride(0),
+    common = (xx, x, w1, w2, y, b1, alpha, beta, b2, M, L, dilation, xx.stride(0), x.stride(0),
               w1.stride(0), w1.stride(1), w1.stride(2), w2.stride(0), w2.stride(1))
     shared = dict(TAPS=taps, FAST_SIN=fast_sin(x), NUM_STAGES=t.num_stages, BLOCK_M=block_m, BLOCK_K=t.block_k, TMA=t.tma,
-                  TMA_W=t.tma_w, WS=t.ws, FEED=feed is not None, num_warps=t.num_warps, **pdl.options(x))
+                  TMA_W=t.tma_w, WS=t.ws, num_warps=t.num_warps, **pdl.options(x))
     if t.form == "channels":
         _unit_conv_t_kernel[grid](*common, C=C, CP=triton.next_power_of_2(C), **shared)
     else:

@@ -41,11 +41,6 @@ class LayerChoices:
     # output samples (rows x time at the unit's rate; 0: never, cuDNN's conv then the fused
     # tail). 1: every step, at the widths kernels/unit_conv.TILES has tiles for.
     unit_conv_rows: int = 1
-    # In a streaming step, a one-kernel unit followed by another also writes that unit's
-    # SnakeBeta of its output into the next unit's history concat (kernels/unit_conv.Feed), so
-    # the next concat fills in only the history (False: each concat reads the activation again).
-    # At the widths whose tiles are in the samples form (unit_conv.feeds).
-    unit_feed: bool = True
     # A ConvTranspose upsampler with history (k = 2s) as one Triton GEMM over row pairs
     # (kernels/convt.py) in steps of at least this many input rows (0: never; its two cuBLAS
     # products, the second reading the output back). 1: every step, at the widths

@@ -11,9 +11,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from code2wav.kernels import convt, instant, skinny, unit, unit_conv
-from code2wav.kernels.history import history_fill
 from code2wav.kernels.mono_conv import mono_conv
-from code2wav.kernels.snake import bias_add, empty_time, is_channels_last, residual_add, snake_beta, to_layout
+from code2wav.kernels.snake import bias_add, is_channels_last, residual_add, snake_beta, to_layout
 from code2wav.model.choices import DEFAULT_CHOICES, LayerChoices
 from code2wav.model.streaming import Step, StreamingLayer
 
@@ -74,11 +73,6 @@ class CausalConv1d(StreamingLayer):
             return y.flatten(2)[..., :L]
         w = self.conv.weight.unsqueeze(2)
         return F.conv2d(xx.unsqueeze(2), w, bias, dilation=(1, d), groups=self.conv.groups).squeeze(2)
-
-    def fill_history(self, xx: Tensor, step: Step) -> None:
-        """The history part of ``xx`` = [history, act(x)] whose new part is already written
-        (kernels/unit_conv.Feed), and the new history written back, as ``_with_history`` does."""
-        history_fill(xx, self.history, step.pool[self.state_key], step.slots, step.n_new, self.rate)
 
     def _folds(self, d: int, rows: int) -> bool:
         """Whether this (full, stateful) conv runs folded in a step of ``rows`` rows."""
@@ -235,37 +229,16 @@ class ResidualUnit(nn.Module):
         self.conv2 = CausalConv1d(dim, dim, 1, rate=rate)
 
     def forward(self, x: Tensor, step: Step | None = None) -> Tensor:
-        return self.run(x, step)[0]
-
-    def run(self, x: Tensor, step: Step | None = None, fed: Tensor | None = None,
-            then: "ResidualUnit | None" = None) -> tuple[Tensor, Tensor | None]:
-        """The unit's output, and the next unit's history concat where this unit wrote its new
-        part (``LayerChoices.unit_feed``: in streaming steps, between one-kernel units; else
-        None). ``fed``: this unit's concat so written by the unit before; ``then``: the next
-        unit, which takes the returned concat as its ``fed``."""
         if unit_conv.applies(x, self.choices.unit_conv_rows):  # the history concat, then the rest in one kernel
             c1 = self.conv1.conv
-            if fed is not None:
-                self.conv1.fill_history(fed, step)
-                xx = fed
-            else:
-                xx = self.conv1._with_history(x, step, self.act1)
-            feed = None
-            if then is not None and step is not None and self.choices.unit_feed and unit_conv.feeds(x.shape[1]):  # then's x is y: it applies too
-                h = then.conv1.history
-                feed = unit_conv.Feed(empty_time(x, h + x.shape[-1], channels_last=True), then.act1.alpha, then.act1.beta, h)
-            y = unit_conv.unit_conv(xx, x, c1.weight, c1.dilation[0], c1.bias, self.act2.alpha, self.act2.beta,
-                                    self.conv2.conv.weight, self.conv2.conv.bias, feed=feed)
-            return y, (feed.xx if feed is not None else None)
-        if fed is not None:
-            raise ValueError("a fed concat reached a unit that does not run as one kernel")
+            return unit_conv.unit_conv(self.conv1._with_history(x, step, self.act1), x, c1.weight, c1.dilation[0], c1.bias,
+                                       self.act2.alpha, self.act2.beta, self.conv2.conv.weight, self.conv2.conv.bias)
         h = self.conv1(x, step, add_bias=False, act=self.act1)
         if unit.applies(x, h):  # conv1's bias, act2, conv2 and the residual in one pass (conv2 has no state)
-            y = unit.unit_tail(h, x, self.conv2.conv.weight, self.conv1.conv.bias, self.act2.alpha, self.act2.beta, self.conv2.conv.bias,
-                               fill_sms=self.choices.unit_fill_sms)
-            return y, None
+            return unit.unit_tail(h, x, self.conv2.conv.weight, self.conv1.conv.bias, self.act2.alpha, self.act2.beta, self.conv2.conv.bias,
+                                  fill_sms=self.choices.unit_fill_sms)
         h = self.act2(h, bias=self.conv1.conv.bias)
-        return residual_add(x, self.conv2(h, step, add_bias=False), self.conv2.conv.bias), None
+        return residual_add(x, self.conv2(h, step, add_bias=False), self.conv2.conv.bias)
 
 
 class DecoderBlock(nn.Module):
@@ -281,7 +254,6 @@ class DecoderBlock(nn.Module):
 
     def forward(self, x: Tensor, step: Step | None = None) -> Tensor:
         x = self.block[1](x, step, act=self.block[0])
-        units, fed = list(self.block[2:]), None
-        for unit_, then in zip(units, units[1:] + [None]):
-            x, fed = unit_.run(x, step, fed, then)
+        for layer in self.block[2:]:
+            x = layer(x, step)
         return x
