@@ -8,6 +8,8 @@
 #                               shape both ways, the record (sustained 1 / 64 / 256) both ways
 #   bash bench/session26.sh c   the same with the feed at the samples form's width only (192): graph replay
 #                               interleaved in one process (bench/replay_ab.py), the record alternating, twice
+#   bash bench/session26.sh d   small steps on a second CUDA stream (EngineConfig.side_step_frames): the
+#                               multi-stream exactness check (bench/side_check.py), the record with and without
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 case "${1:-}" in
@@ -37,6 +39,18 @@ c)
     sustained_levels "nofeed_$i" --set layers.unit_feed=false
   done
   ;;
-*) echo "usage: bash bench/session26.sh a|b|c" >&2; exit 2 ;;
+d)
+  stamp "small steps on the side stream: exactness and use (float32, many streams at once)"
+  timeout 200 python3 bench/side_check.py 24 2>&1 | tee "$OUT/side_check.txt" | tee -a "$log"
+  sustained_levels side_1
+  sustained_levels oneside_1 --set side_step_frames=0
+  sustained_levels side_2
+  ;;
+e)
+  stamp "the side stream at 64 and 256 streams, every thread's stack dumped if it hangs (SIGABRT at 150 s)"
+  PYTHONFAULTHANDLER=1 timeout -s ABRT 150 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 64,256 --seconds 3 \
+    --out "$OUT/side_dbg" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/side_dbg.txt" | tail -60 | tee -a "$log"
+  ;;
+*) echo "usage: bash bench/session26.sh a|b|c|d|e" >&2; exit 2 ;;
 esac
 stamp "done"
