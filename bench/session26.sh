@@ -8,8 +8,11 @@
 #                               shape both ways, the record (sustained 1 / 64 / 256) both ways
 #   bash bench/session26.sh c   the same with the feed at the samples form's width only (192): graph replay
 #                               interleaved in one process (bench/replay_ab.py), the record alternating, twice
+#   (d and e ran at 6690a75, where EngineConfig.side_step_frames and bench/side_check.py exist, d before its
+#    last change; both were reverted after them)
 #   bash bench/session26.sh d   small steps on a second CUDA stream (EngineConfig.side_step_frames): the
 #                               multi-stream exactness check (bench/side_check.py), the record with and without
+#   bash bench/session26.sh e   the same at 64 and 256 streams, the stacks dumped if it hangs
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 case "${1:-}" in

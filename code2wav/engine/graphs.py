@@ -68,12 +68,6 @@ def pick_bucket(buckets: list[tuple[int, int]], batch: int, frames: int) -> tupl
     return b, t
 
 
-def side_shapes(buckets: list[tuple[int, int]], side_step_frames: int) -> set[tuple[int, int]]:
-    """The buckets whose graphs go in the side pool and replay on the side stream: at most
-    ``side_step_frames`` padded frames (rows x frames; 0: none)."""
-    return {(b, t) for b, t in buckets if b * t <= side_step_frames}
-
-
 def capture_order(buckets: list[tuple[int, int]], prefill_shapes: list[tuple[str, int, int]] = ()) -> list[tuple[str, int, int]]:
     """Every graph to capture as ``(kind, rows, frames)`` (kind ``step``, ``front`` or
     ``back``), in the order a start that serves meanwhile captures them: a lone stream's first
@@ -112,7 +106,6 @@ class GraphRunner(EagerRunner):
         batch_sizes: tuple[int, ...] = DEFAULT_BATCHES,
         frame_sizes: tuple[int, ...] = DEFAULT_FRAMES,
         max_batch_frames: int | None = None,  # default_batch_frames()
-        side_step_frames: int = 0,
     ):
         super().__init__(model, pool)
         self.device = next(model.parameters()).device
@@ -122,13 +115,6 @@ class GraphRunner(EagerRunner):
         self.graphs: dict[tuple[int, int], _Graph] = {}
         self.prefill_graphs: dict[tuple[str, int, int], _Graph] = {}
         self.mempool = torch.cuda.graph_pool_handle()
-        # Small steps (at most side_step_frames padded frames: first chunks, a lone stream's
-        # steps) replay from a pool of their own on a second, high-priority stream, so that the
-        # engine can run them beside a large step instead of behind it (stream/order.py orders
-        # each slot's work across the two).
-        self.side_shapes = side_shapes(self.buckets, side_step_frames)
-        self.side_mempool = torch.cuda.graph_pool_handle() if self.side_shapes else None
-        self.side = torch.cuda.Stream(device=self.device, priority=-1) if self.side_shapes else None
         self.hits = 0
         self.fallbacks: Counter[str] = Counter()
         self.frames = 0  # real frames in the step graphs replayed
@@ -198,15 +184,14 @@ class GraphRunner(EagerRunner):
 
     def _capture_shape(self, stream: torch.cuda.Stream, shape: tuple[str, int, int]) -> None:
         fn, inputs, packed = self._shape_inputs(shape)
-        side = shape[0] == "step" and shape[1:] in self.side_shapes
-        g = self._capture(stream, fn, inputs, self.side_mempool if side else self.mempool)
+        g = self._capture(stream, fn, inputs)
         if packed is None:
             self.prefill_graphs[shape] = g
         else:
             g.packed = packed
             self.graphs[shape[1:]] = g
 
-    def _capture(self, stream: torch.cuda.Stream, fn, inputs: tuple[Tensor, Tensor, Tensor], pool: tuple | None = None) -> _Graph:
+    def _capture(self, stream: torch.cuda.Stream, fn, inputs: tuple[Tensor, Tensor, Tensor]) -> _Graph:
         """A graph of ``fn(model, x, slots, n_new)`` on scratch rows with no new frames (so the
         warm-up and capture runs change no stream's state). ``thread_local``: a warming thread's
         allocations beside a capture do not end it (they are on another stream)."""
@@ -218,13 +203,9 @@ class GraphRunner(EagerRunner):
                 fn(self.model, *inputs)
         stream.synchronize()
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self.mempool if pool is None else pool, stream=stream, capture_error_mode="thread_local"):
+        with torch.cuda.graph(g, pool=self.mempool, stream=stream, capture_error_mode="thread_local"):
             out = fn(self.model, *inputs)
         return _Graph(g, inputs, out)
-
-    def stream_for(self, shape: tuple[int, int]) -> torch.cuda.Stream | None:
-        """The side stream where a step staged at ``shape`` replays a side-pool graph; else None."""
-        return self.side if shape in self.side_shapes and shape in self.graphs else None
 
     def padded_shape(self, batch: int, frames: int) -> tuple[int, int] | None:
         """The (rows, frames) of the graph a step of this shape replays; None: it runs eagerly.
@@ -329,9 +310,12 @@ class GraphRunner(EagerRunner):
                 "pool_bytes": self.pool_bytes}
 
     def memory_bytes(self) -> int:
-        """Bytes the graph memory pools hold (reserved by the caching allocator)."""
-        pools = {tuple(p) for p in (self.mempool, self.side_mempool) if p is not None}
+        """Bytes the shared graph memory pool holds (reserved by the caching allocator)."""
         try:
-            return sum(seg["total_size"] for seg in torch.cuda.memory_snapshot() if tuple(seg.get("segment_pool_id", (0, 0))) in pools)
+            return sum(
+                seg["total_size"]
+                for seg in torch.cuda.memory_snapshot()
+                if tuple(seg.get("segment_pool_id", (0, 0))) == tuple(self.mempool)
+            )
         except Exception:  # pragma: no cover - snapshot layout differs across versions
             return -1

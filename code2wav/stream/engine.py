@@ -13,7 +13,6 @@ with every other stream waiting for its prefill (``stream/prefill.py``).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections import deque
@@ -27,7 +26,6 @@ from code2wav.audio import quantize16
 from code2wav.codes import CodesError
 from code2wav.model.decoder import Decoder
 from code2wav.stream.lifecycle import Lifecycle
-from code2wav.stream.order import SlotOrder
 from code2wav.stream.pool import StatePool
 from code2wav.stream.prefill import Prefill
 from code2wav.stream.prefix_cache import PrefixCache
@@ -73,7 +71,6 @@ class StreamEngine(Lifecycle):
                                bucket=self.device.type == "cuda" if bucket_prefill is None else bucket_prefill,
                                cache=PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None)
         self._events: list[Any] = []  # CUDA timing events, reused once their step has landed
-        self._order = SlotOrder()  # each slot's last work, where the runner has a second (side) stream
         # float16 (the conv stack's or the low-rate stages') can overflow where bfloat16 and
         # float32 cannot: each row's audio is then checked on the step's device (_outputs).
         self.overflows = torch.float16 in (model.dtype, model.low_rate_dtype)
@@ -108,27 +105,10 @@ class StreamEngine(Lifecycle):
 
     def zero_released(self) -> None:
         """Zero the state of slots given back since the last step (a step does it anyway before
-        its first forward; run it on the stepping thread when idle, off the next first packet).
-        With a side stream, on that stream: a new stream's first step runs there, and need not
-        wait behind the large steps queued on the main one."""
+        its first forward; run it on the stepping thread when idle, off the next first packet)."""
         if self.pool.has_stale:  # read without the lock: set only under it
             with self._lock:
-                side = self.runner.side
-                if side is None:
-                    self.pool.reset_stale()
-                    return
-                stale = self.pool.stale
-                with torch.cuda.stream(side):
-                    self._wait_for(stale, side)
-                    self.pool.reset_stale()
-                    zeroed = torch.cuda.Event()
-                    zeroed.record(side)
-                self._order.touched(stale, side, zeroed)
-
-    def _wait_for(self, slots: Any, stream: Any) -> None:
-        """Make ``stream`` wait for the last work on another stream that touched ``slots``."""
-        for event in self._order.waits(slots, stream):
-            stream.wait_event(event)
+                self.pool.reset_stale()
 
     def state_bytes(self) -> dict[str, int]:
         return {"per_stream": self.pool.bytes_per_stream, "pool": self.pool.nbytes}
@@ -215,14 +195,7 @@ class StreamEngine(Lifecycle):
                 # A stream prefilled now was batched with the others joining now, and their
                 # first chunks run together anyway: its first chunk does not wait. (One whose
                 # state came from the prefix cache had no prefill: it waits as a fresh one does.)
-                if self.runner.side is not None:  # the prefill and restores run on the current stream
-                    main, slots = torch.cuda.current_stream(self.device), [st.slot for st in waiting]
-                    self._wait_for(slots, main)
                 prefilled = {id(st) for st in self.prefill(waiting)}
-                if self.runner.side is not None:
-                    done = torch.cuda.Event()
-                    done.record(main)
-                    self._order.touched(slots, main, done)
                 for r in rows:
                     if id(r.stream) in prefilled:
                         r.gathers = False
@@ -261,45 +234,41 @@ class StreamEngine(Lifecycle):
         graph's output buffer is only valid until its next replay, which the in-order copy
         respects). A step runs while the next ones are queued (``SchedulePolicy.steps_ahead``);
         each step's finished rows are delivered as soon as its copy lands, and ``more`` is asked
-        for new rows in between. Where the runner has a side stream, a small step it takes runs
-        there while others are in flight, beside them rather than behind them (each slot's work
-        kept in order across the two by ``SlotOrder``), and is delivered as soon as it lands."""
+        for new rows in between."""
         if torch.is_grad_enabled():  # the async engine's worker runs with it off: no context per decode there
             with torch.no_grad():
                 return self._run(rows, deliver, more)
         spf = self.cfg.samples_per_frame
         pin = self.device.type == "cuda"
-        main = torch.cuda.current_stream(self.device) if pin else None  # looked up once: events record on it
-        side = self.runner.side
+        stream = torch.cuda.current_stream(self.device) if pin else None  # looked up once: events record on it
         sched = self.scheduler
         sched.reset(self._piece())
         sched.enqueue(rows)
-        landed: deque[_InFlight] = deque()  # in launch order
+        # (copy done, start, rows it completes, group, inputs, each row's sum where float16 can overflow)
+        landed: deque[tuple[Any, Any, list[Row], Group, Staged, Tensor | None]] = deque()
         dropped = lambda r: deliver(r.stream, r.request_id, StreamError("stream_ended", f"stream {r.request_id!r} ended while its chunk was queued"))  # noqa: E731
 
-        def land(step: _InFlight) -> None:
-            landed.remove(step)
+        def land() -> None:
+            end, start, complete, group, staged, sums = landed.popleft()
             if pin:
-                step.end.synchronize()
-                if side is not None:
-                    self._order.done(step.slots, step.end)
-            if step.sums is not None:  # read once the copy has landed, in one call for every row
-                for r, total in zip(step.group.rows, step.sums.tolist()):
+                end.synchronize()
+            if sums is not None:  # read once the copy has landed, in one call for every row
+                for r, total in zip(group.rows, sums.tolist()):
                     r.finite = r.finite and math.isfinite(total)
             # Audio first: handing a row over wakes its caller's thread, which then runs while
             # this one does the bookkeeping below.
-            for row in step.complete:  # a one-piece row (the usual case) is a view: no copy
+            for row in complete:  # a one-piece row (the usual case) is a view: no copy
                 audio = row.pieces[0] if len(row.pieces) == 1 else torch.cat(row.pieces)
                 row.pieces = []
                 deliver(row.stream, row.request_id, audio if row.finite else NON_FINITE)
             if pin:
-                seconds = step.start.elapsed_time(step.end) / 1e3
-                self._events += (step.start, step.end)
+                seconds = start.elapsed_time(end) / 1e3
+                self._events += (start, end)
             else:
-                seconds = step.end - step.start
-            self.stager.landed(step.staged)
+                seconds = end - start
+            self.stager.landed(staged)
             for hook in self.on_step:
-                hook(seconds, len(step.group), step.staged.shape[1])
+                hook(seconds, len(group), staged.shape[1])
 
         while True:
             if more is not None and (new := more()):
@@ -309,28 +278,19 @@ class StreamEngine(Lifecycle):
             group = sched.next_group(self._live, dropped, device_idle=not landed)
             if group:
                 staged = self.stager.stage(group)
-                slots = [r.slot for r in group.rows]
                 if pin:
-                    # A side-pool graph always replays on the side stream: its static buffers and
-                    # its pool's memory are then used by one replay at a time.
-                    stream = (self.runner.stream_for(staged.shape) if side is not None else None) or main
                     start, end = (self._events.pop() if self._events else torch.cuda.Event(enable_timing=True) for _ in range(2))
-                    with torch.cuda.stream(stream) if stream is not main else _SAME:
-                        if side is not None:
-                            self._wait_for(slots, stream)
-                        start.record(stream)
-                        wav = self.runner(staged.codes, staged.slots, staged.n_new)[: len(group), : max(group.pieces) * spf]
-                        outs, sums = self._outputs(wav, group, staged.n_new)
-                        host = lambda w: torch.empty(w.shape, dtype=w.dtype, pin_memory=True).copy_(w, non_blocking=True)  # noqa: E731
-                        outs = {k: host(w) for k, w in outs.items()}
-                        sums = None if sums is None else host(sums)
-                        end.record(stream)
-                    if side is not None:
-                        self._order.touched(slots, stream, end)
+                    start.record(stream)
                 else:
-                    stream, start = None, time.perf_counter()
-                    wav = self.runner(staged.codes, staged.slots, staged.n_new)[: len(group), : max(group.pieces) * spf]
-                    outs, sums = self._outputs(wav, group, staged.n_new)
+                    start = time.perf_counter()
+                wav = self.runner(staged.codes, staged.slots, staged.n_new)[: len(group), : max(group.pieces) * spf]
+                outs, sums = self._outputs(wav, group, staged.n_new)
+                if pin:
+                    host = lambda w: torch.empty(w.shape, dtype=w.dtype, pin_memory=True).copy_(w, non_blocking=True)  # noqa: E731
+                    outs = {k: host(w) for k, w in outs.items()}
+                    sums = None if sums is None else host(sums)
+                    end.record(stream)
+                else:
                     end = time.perf_counter()
                 complete, left = [], []
                 for j, (r, k) in enumerate(zip(group.rows, group.pieces)):
@@ -338,36 +298,8 @@ class StreamEngine(Lifecycle):
                     r.done += k
                     (complete if r.done == r.frames.shape[0] else left).append(r)
                 sched.requeue(left)
-                landed.append(_InFlight(end, start, complete, group, staged, sums, stream, slots))
-            if not pin:
-                if landed:
-                    land(landed[0])
-                continue
-            # On CUDA steps stay queued on the GPU (SchedulePolicy.steps_ahead) while the ones
-            # before them are delivered. With a side stream, whatever has finished is delivered
-            # first, in launch order (a slot's later step never finishes before its earlier one),
-            # and a wait goes to a side step first: it is short, and a first packet's. (The main
-            # queue may then hold a step or two more than steps_ahead for a moment.)
-            if side is not None:
-                for step in [st for st in landed if st.end.query()]:
-                    land(step)
-            on_side = [st for st in landed if st.stream is side] if side is not None else []
-            ahead = sched.policy.steps_ahead
-            if landed and (len(landed) - len(on_side) > ahead or len(on_side) > ahead or not group):
-                land(on_side[0] if on_side else landed[0])
-
-
-class _InFlight:
-    """A step launched and not yet delivered: its copy-done and start events (or times), the
-    rows it completes, its group, inputs, each row's sum where float16 can overflow, the stream
-    it ran on and its rows' slots."""
-
-    __slots__ = ("end", "start", "complete", "group", "staged", "sums", "stream", "slots")
-
-    def __init__(self, end: Any, start: Any, complete: list[Row], group: Group, staged: Staged, sums: Tensor | None,
-                 stream: Any, slots: list[int]):
-        self.end, self.start, self.complete, self.group = end, start, complete, group
-        self.staged, self.sums, self.stream, self.slots = staged, sums, stream, slots
-
-
-_SAME = contextlib.nullcontext()  # the step runs on the current stream
+                landed.append((end, start, complete, group, staged, sums))
+            # On CUDA steps stay queued on the GPU (SchedulePolicy.steps_ahead) while the one
+            # before them is delivered.
+            if landed and (not pin or len(landed) > sched.policy.steps_ahead or not group):
+                land()
