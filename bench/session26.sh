@@ -13,6 +13,7 @@
 #   bash bench/session26.sh d   small steps on a second CUDA stream (EngineConfig.side_step_frames): the
 #                               multi-stream exactness check (bench/side_check.py), the record with and without
 #   bash bench/session26.sh e   the same at 64 and 256 streams, the stacks dumped if it hangs
+#   bash bench/session26.sh f   two graphs replayed at once (bench/shared_workspace.py): captured on one stream or two
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 case "${1:-}" in
@@ -54,6 +55,10 @@ e)
   PYTHONFAULTHANDLER=1 timeout -s ABRT 150 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 64,256 --seconds 3 \
     --out "$OUT/side_dbg" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/side_dbg.txt" | tail -60 | tee -a "$log"
   ;;
-*) echo "usage: bash bench/session26.sh a|b|c|d|e" >&2; exit 2 ;;
+f)
+  stamp "two graphs at once on two streams, captured on one capture stream or on two"
+  timeout 150 python3 bench/shared_workspace.py 6 2>&1 | tee "$OUT/shared_workspace.txt" | tail -5 | tee -a "$log"
+  ;;
+*) echo "usage: bash bench/session26.sh a|b|c|d|e|f" >&2; exit 2 ;;
 esac
 stamp "done"
