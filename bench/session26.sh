@@ -13,7 +13,8 @@
 #   bash bench/session26.sh d   small steps on a second CUDA stream (EngineConfig.side_step_frames): the
 #                               multi-stream exactness check (bench/side_check.py), the record with and without
 #   bash bench/session26.sh e   the same at 64 and 256 streams, the stacks dumped if it hangs
-#   bash bench/session26.sh f   two graphs replayed at once (bench/shared_workspace.py): captured on one stream or two
+#   bash bench/session26.sh f [one|two|both]   two graphs replayed at once (bench/shared_workspace.py): captured on
+#                               one stream or two
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 case "${1:-}" in
@@ -57,7 +58,7 @@ e)
   ;;
 f)
   stamp "two graphs at once on two streams, captured on one capture stream or on two"
-  timeout 150 python3 bench/shared_workspace.py 6 2>&1 | tee "$OUT/shared_workspace.txt" | tail -5 | tee -a "$log"
+  timeout 150 python3 bench/shared_workspace.py 6 "${2:-both}" 2>&1 | tee "$OUT/shared_workspace.txt" | tail -5 | tee -a "$log"
   ;;
 *) echo "usage: bash bench/session26.sh a|b|c|d|e|f" >&2; exit 2 ;;
 esac

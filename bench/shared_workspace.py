@@ -5,7 +5,8 @@ Real rows (a 16 x 25 step on slots 0-15, a 16 x 1 step on slots 16-31, six steps
 state) run serially, then with the small graph on a second, high-priority stream beside the
 large one, for graphs captured on one capture stream and on two; prints how far the concurrent
 run's audio is from the serial one's (0: no interference).
-argv: [steps, default 6]
+argv: [steps, default 6] [which: one, two or both (default; one crashed the process on the H200,
+so "two" alone runs the other)]
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from code2wav.stream.pool import StatePool
 
 def main() -> int:
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 6
+    which = sys.argv[2] if len(sys.argv) > 2 else "both"
     use_expandable_segments()
     configure_cuda(torch.bfloat16)
     model = load_decoder(None, device="cuda", dtype=torch.bfloat16)
@@ -54,7 +56,7 @@ def main() -> int:
         torch.cuda.synchronize()
         return outs
 
-    for how in ("one capture stream", "two capture streams"):
+    for how in [h for h, key in (("one capture stream", "one"), ("two capture streams", "two")) if which in (key, "both")]:
         cap = torch.cuda.Stream()
         fn, inputs, _ = runner._shape_inputs(("step", 16, 25))
         big = runner._capture(cap, fn, inputs)
