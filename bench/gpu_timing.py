@@ -8,6 +8,24 @@ from collections.abc import Callable
 import torch
 
 
+def shapes_arg(text: str) -> list[tuple[int, int]]:
+    """``"16x25,20x25"`` as ``[(16, 25), (20, 25)]`` (rows x frames), the scripts' shape lists."""
+    return [(int(b), int(t)) for b, t in (s.split("x") for s in text.split(","))]
+
+
+def bf16_default(slots: int = 64):
+    """The default load in bf16 on CUDA (the embedded random weights, float16 low-rate stages
+    where ``auto`` picks them), with expandable segments on, and a state pool of ``slots``."""
+    from code2wav.engine.graphs import use_expandable_segments
+    from code2wav.model.loading import configure_cuda, load_decoder
+    from code2wav.stream.pool import StatePool
+
+    use_expandable_segments()
+    configure_cuda(torch.bfloat16)
+    model = load_decoder(None, device="cuda", dtype=torch.bfloat16)
+    return model, StatePool(model, slots)
+
+
 def timed(fn: Callable[[], object], reps: int = 20, warmup: int = 3) -> float:
     """Mean GPU time of ``fn()`` in microseconds, after ``warmup`` untimed calls."""
     for _ in range(warmup):

@@ -19,28 +19,22 @@ from __future__ import annotations
 import sys
 
 import torch
-from gpu_timing import timed  # bench/ is the script's directory, first on sys.path
+from gpu_timing import bf16_default, shapes_arg, timed  # bench/ is the script's directory, first on sys.path
 
-from code2wav.engine.graphs import GraphRunner, use_expandable_segments
-from code2wav.model.loading import configure_cuda, load_decoder
-from code2wav.stream.pool import StatePool
+from code2wav.engine.graphs import GraphRunner
 
 
 def main() -> int:
-    shapes = [tuple(int(v) for v in s.split("x")) for s in (sys.argv[1] if len(sys.argv) > 1 else "16x25,20x25").split(",")]
+    shapes = shapes_arg(sys.argv[1] if len(sys.argv) > 1 else "16x25,20x25")
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 50
-    use_expandable_segments()
-    dtype = torch.bfloat16
-    configure_cuda(dtype)
-    model = load_decoder(None, device="cuda", dtype=dtype)
-    pool = StatePool(model, 64)
+    model, pool = bf16_default()
     runner = GraphRunner(model, pool, batch_sizes=tuple(b for b, _ in shapes), frame_sizes=tuple(t for _, t in shapes),
                          max_batch_frames=max(b * t for b, t in shapes))
     runner.capture()
     side = torch.cuda.Stream()
     main_stream = torch.cuda.current_stream()
     q = model.config.num_quantizers
-    print(f"{dtype}, low-rate stages {model.low_rate_dtype}; ms per step over {steps} steps")
+    print(f"{model.dtype}, low-rate stages {model.low_rate_dtype}; ms per step over {steps} steps")
     print(f"{'shape':>6} {'whole':>7} {'front':>7} {'back':>7} {'f+b serial':>10} {'pipelined':>9} {'hi-prio':>8}  audio max |diff|")
     for b, t in shapes:
         whole = runner.graphs[(b, t)]

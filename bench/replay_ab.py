@@ -13,7 +13,7 @@ import statistics
 import sys
 
 import torch
-from gpu_timing import timed  # bench/ is the script's directory, first on sys.path
+from gpu_timing import shapes_arg, timed  # bench/ is the script's directory, first on sys.path
 from profile_step import layer_choices
 
 from code2wav.engine.graphs import GraphRunner, use_expandable_segments
@@ -26,7 +26,7 @@ from code2wav.stream.pool import StatePool
 
 def main() -> int:
     layouts = (sys.argv[1] if len(sys.argv) > 1 else "channels_last,channels_last-skinnyhalf=0").split(",")
-    shapes = [tuple(int(v) for v in s.split("x")) for s in (sys.argv[2] if len(sys.argv) > 2 else "1x1,1x25,16x25,20x25,64x8").split(",")]
+    shapes = shapes_arg(sys.argv[2] if len(sys.argv) > 2 else "1x1,1x25,16x25,20x25,64x8")
     rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 7
     reps = int(sys.argv[4]) if len(sys.argv) > 4 else 20
     use_expandable_segments()

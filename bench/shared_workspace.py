@@ -15,19 +15,15 @@ import contextlib
 import sys
 
 import torch
+from gpu_timing import bf16_default  # bench/ is the script's directory, first on sys.path
 
-from code2wav.engine.graphs import GraphRunner, use_expandable_segments
-from code2wav.model.loading import configure_cuda, load_decoder
-from code2wav.stream.pool import StatePool
+from code2wav.engine.graphs import GraphRunner
 
 
 def main() -> int:
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 6
     which = sys.argv[2] if len(sys.argv) > 2 else "both"
-    use_expandable_segments()
-    configure_cuda(torch.bfloat16)
-    model = load_decoder(None, device="cuda", dtype=torch.bfloat16)
-    pool = StatePool(model, 64)
+    model, pool = bf16_default()
     runner = GraphRunner(model, pool, batch_sizes=(16,), frame_sizes=(1, 25), max_batch_frames=400)
     q = model.config.num_quantizers
     g = torch.Generator().manual_seed(0)

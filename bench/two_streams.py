@@ -19,14 +19,9 @@ from __future__ import annotations
 import sys
 
 import torch
+from gpu_timing import bf16_default, shapes_arg  # bench/ is the script's directory, first on sys.path
 
-from code2wav.engine.graphs import GraphRunner, use_expandable_segments
-from code2wav.model.loading import configure_cuda, load_decoder
-from code2wav.stream.pool import StatePool
-
-
-def shapes(arg: str) -> list[tuple[int, int]]:
-    return [tuple(int(v) for v in s.split("x")) for s in arg.split(",")]  # type: ignore[misc]
+from code2wav.engine.graphs import GraphRunner
 
 
 def per_iteration(fn, n: int, streams: list[torch.cuda.Stream]) -> float:
@@ -50,14 +45,10 @@ def per_iteration(fn, n: int, streams: list[torch.cuda.Stream]) -> float:
 
 
 def main() -> int:
-    large = shapes(sys.argv[1] if len(sys.argv) > 1 else "19x25,16x25")
-    small = shapes(sys.argv[2] if len(sys.argv) > 2 else "16x1,8x1,2x1")
+    large = shapes_arg(sys.argv[1] if len(sys.argv) > 1 else "19x25,16x25")
+    small = shapes_arg(sys.argv[2] if len(sys.argv) > 2 else "16x1,8x1,2x1")
     n = int(sys.argv[3]) if len(sys.argv) > 3 else 40
-    use_expandable_segments()
-    dtype = torch.bfloat16
-    configure_cuda(dtype)
-    model = load_decoder(None, device="cuda", dtype=dtype)
-    pool = StatePool(model, 64)
+    model, pool = bf16_default()
     every = large + small
 
     def runner() -> GraphRunner:  # its own memory pool (GraphRunner makes one)
@@ -71,7 +62,7 @@ def main() -> int:
     main_stream = torch.cuda.current_stream()
     side = torch.cuda.Stream(priority=-1)
     side_normal = torch.cuda.Stream()
-    print(f"{dtype}, low-rate stages {model.low_rate_dtype}; ms per iteration over {n}; graph pools "
+    print(f"{model.dtype}, low-rate stages {model.low_rate_dtype}; ms per iteration over {n}; graph pools "
           f"{a.memory_bytes() / 2**20:.0f} + {b.memory_bytes() / 2**20:.0f} MiB")
 
     for L in large:
