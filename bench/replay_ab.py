@@ -1,7 +1,7 @@
 """A/B of layer choices by graph replay, interleaved in one process: each layout's model (the
 same random weights) captures the shapes' graphs, then every round replays each shape under each
-layout in turn (CUDA events, ``reps`` replays), so drifts of the clock or the machine fall on all
-of them alike. Prints per shape and layout the median over rounds, and the graph pools' sizes.
+layout in turn (CUDA events, ``reps`` replays), in alternating order, so drifts of the clock or the
+machine and the cost of going first fall on all of them alike. Prints per shape and layout the median over rounds, and the graph pools' sizes.
 Layouts are bench/profile_step.py's (``channels_last-unitconv=0``, ...).
 argv: [layouts, default channels_last,channels_last-skinnyhalf=0] [shapes, default 1x1,1x25,16x25,20x25,64x8]
 [rounds, default 7] [reps, default 20]
@@ -48,9 +48,9 @@ def main() -> int:
         graphs[layout] = runner
         print(f"{layout}: graph pool {runner.memory_bytes() / 2**20:.0f} MiB", flush=True)
     times: dict[tuple[str, tuple[int, int]], list[float]] = {}
-    for _ in range(rounds):
+    for r in range(rounds):
         for shape in shapes:
-            for layout in layouts:
+            for layout in layouts if r % 2 == 0 else layouts[::-1]:  # each layout first in half the rounds
                 times.setdefault((layout, shape), []).append(timed(graphs[layout].graphs[shape].graph.replay, reps=reps))
     print(f"median us per replay over {rounds} rounds of {reps} (bf16)")
     print(f"{'shape':>6} " + " ".join(f"{layout:>24}" for layout in layouts))
