@@ -8,11 +8,13 @@
 #                               shape both ways, the record (sustained 1 / 64 / 256) both ways
 #   bash bench/session26.sh c   the same with the feed at the samples form's width only (192): graph replay
 #                               interleaved in one process (bench/replay_ab.py), the record alternating, twice
-#   (d and e ran at 6690a75, where EngineConfig.side_step_frames and bench/side_check.py exist, d before its
-#    last change; both were reverted after them)
+#   (d and e ran at 6690a75, where EngineConfig.side_step_frames and bench/side_check.py existed, d before its
+#    last change; they are back since, as priority_step_frames (off by default) and bench/priority_check.py)
 #   bash bench/session26.sh d   small steps on a second CUDA stream (EngineConfig.side_step_frames): the
 #                               multi-stream exactness check (bench/side_check.py), the record with and without
 #   bash bench/session26.sh e   the same at 64 and 256 streams, the stacks dumped if it hangs
+#   bash bench/session26.sh g   (not run yet) the priority stream as on main: bench/priority_check.py, then the
+#                               record alternating with and without it, twice
 #   bash bench/session26.sh f [one|two|both]   two graphs replayed at once (bench/shared_workspace.py): captured on
 #                               one stream or two
 source bench/device_env.sh
@@ -60,6 +62,15 @@ f)
   stamp "two graphs at once on two streams, captured on one capture stream or on two"
   timeout 150 python3 bench/shared_workspace.py 6 "${2:-both}" 2>&1 | tee "$OUT/shared_workspace.txt" | tail -5 | tee -a "$log"
   ;;
-*) echo "usage: bash bench/session26.sh a|b|c|d|e|f" >&2; exit 2 ;;
+g)
+  # Not run yet: the priority stream as it is on main (off by default), for the next session.
+  stamp "the priority stream: exactness and use (float32, many streams at once)"
+  timeout 240 python3 bench/priority_check.py 24 2>&1 | tee "$OUT/priority_check.txt" | tee -a "$log"
+  for i in 1 2; do
+    sustained_levels "priority_$i" --set priority_step_frames=16
+    sustained_levels "one_stream_$i"
+  done
+  ;;
+*) echo "usage: bash bench/session26.sh a|b|c|d|e|f|g" >&2; exit 2 ;;
 esac
 stamp "done"

@@ -11,8 +11,9 @@ import torch
 
 from code2wav.codes import CodesError
 from code2wav.engine.async_engine import AsyncEngine, Backpressure
-from code2wav.engine.graphs import pick_bucket, plan_buckets
+from code2wav.engine.graphs import DEFAULT_BATCHES, DEFAULT_FRAMES, pick_bucket, plan_buckets, priority_shapes
 from code2wav.stream.engine import StreamEngine
+from code2wav.stream.order import SlotOrder
 from code2wav.stream.pool import PoolFull, StatePool, packed_base, packed_inputs
 from code2wav.stream.rows import StreamError
 from code2wav.stream.runner import EagerRunner
@@ -645,6 +646,34 @@ def test_buckets_respect_frame_budget_and_pool():
 def test_pick_bucket_takes_least_padded_work(batch, frames, expect):
     buckets = plan_buckets((1, 2, 4, 8, 16, 32, 64), (1, 2, 4, 8, 16, 25, 32), 512, 64)
     assert pick_bucket(buckets, batch, frames) == expect
+
+
+def test_small_steps_take_the_priority_stream():
+    """Graphs of at most ``priority_step_frames`` padded frames go to the priority pool and stream: the
+    first chunks' one-frame steps up to 16 rows, not a lone stream's 25-frame one; 0 turns it off."""
+    buckets = plan_buckets(DEFAULT_BATCHES, DEFAULT_FRAMES, 480, 256)
+    priority = priority_shapes(buckets, 16)
+    assert priority == {(b, t) for b, t in buckets if b * t <= 16}
+    assert {(1, 1), (16, 1), (8, 2), (1, 16)} <= priority and not priority & {(32, 1), (1, 25), (16, 25)}
+    assert priority_shapes(buckets, 0) == set()
+
+
+def test_a_slots_work_waits_only_for_the_other_streams_last_touch():
+    """SlotOrder: work on a stream waits for the last work on the other stream that touched any
+    of its slots (each event once), not for work on its own stream (in order already) nor for
+    work that has landed; a slot touched again later is no longer waited on for the old event."""
+    order, main, priority = SlotOrder(), object(), object()
+    big, small, zeroed = object(), object(), object()
+    order.touched([1, 2], main, big)
+    assert order.waits([1, 3], main) == []
+    assert order.waits([1, 2, 3], priority) == [big]
+    order.touched([3], priority, zeroed)
+    order.touched([2, 3], priority, small)  # after waiting for big (slot 2)
+    assert order.waits([1, 2, 3], main) == [small] and order.waits([1, 2, 3], priority) == [big]
+    order.done([1, 2], big)  # the big step landed: slot 2's last is small now, slot 1 has none
+    assert order.waits([1, 2], priority) == [] and order.waits([1, 2], main) == [small] and len(order) == 2
+    order.done([2, 3], small)
+    assert len(order) == 0
 
 
 def test_packed_graph_inputs_view_one_buffer_set_to_an_empty_step():

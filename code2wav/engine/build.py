@@ -58,6 +58,11 @@ class EngineConfig:
     graph_capture: str = "background"
     max_step_frames: int | None = None  # frames a row launches per step; None: see step_frames()
     max_batch_frames: int | None = None  # padded frames per step; None: see batch_frames()
+    # Graph steps of at most this many padded frames (rows x frames: first chunks' steps) replay
+    # from a graph pool of their own on a second, high-priority CUDA stream, beside the large
+    # steps in flight instead of behind them (0, the default: every step on one stream). Off
+    # until measured on a GPU: its first form crashed there (BENCHMARKS.md, session 26).
+    priority_step_frames: int = 0
     schedule: SchedulePolicy = field(default_factory=SchedulePolicy)
     # Prefilled reference-prefix states kept for streams that open with the same prefix, in bytes
     # (0: no cache). A hit copies the state instead of running the prefill (stream/prefix_cache.py).
@@ -74,6 +79,8 @@ class EngineConfig:
                 raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
         if self.graph_capture not in GRAPH_CAPTURE:
             raise ValueError(f"graph_capture must be one of {GRAPH_CAPTURE}, got {self.graph_capture!r}")
+        if self.priority_step_frames < 0:
+            raise ValueError(f"priority_step_frames must be >= 0, got {self.priority_step_frames}")
         if self.prefix_cache_bytes < 0:
             raise ValueError(f"prefix_cache_bytes must be >= 0, got {self.prefix_cache_bytes}")
         for name in ("max_streams", "max_prefix_frames", "max_pending_chunks", "max_step_frames", "max_batch_frames"):
@@ -120,7 +127,8 @@ def build_engine(cfg: EngineConfig, model: Decoder | None = None, capture: bool 
                               cfg.max_prefix_frames)
     pool = StatePool(model, cfg.max_streams)
     graphs = cfg.use_graphs()
-    runner = GraphRunner(model, pool, max_batch_frames=cfg.batch_frames()) if graphs else EagerRunner(model, pool)
+    runner = (GraphRunner(model, pool, max_batch_frames=cfg.batch_frames(), priority_step_frames=cfg.priority_step_frames) if graphs
+              else EagerRunner(model, pool))
     engine = StreamEngine(model, runner=runner, max_step_frames=cfg.step_frames(), max_batch_frames=cfg.batch_frames(),
                           idle_timeout=cfg.idle_timeout, max_prefix_frames=cfg.max_prefix_frames, policy=cfg.schedule,
                           prefix_cache_bytes=cfg.prefix_cache_bytes)

@@ -68,6 +68,12 @@ def pick_bucket(buckets: list[tuple[int, int]], batch: int, frames: int) -> tupl
     return b, t
 
 
+def priority_shapes(buckets: list[tuple[int, int]], priority_step_frames: int) -> set[tuple[int, int]]:
+    """The buckets whose graphs go in the priority pool and replay on the priority stream: at most
+    ``priority_step_frames`` padded frames (rows x frames; 0: none)."""
+    return {(b, t) for b, t in buckets if b * t <= priority_step_frames}
+
+
 def capture_order(buckets: list[tuple[int, int]], prefill_shapes: list[tuple[str, int, int]] = ()) -> list[tuple[str, int, int]]:
     """Every graph to capture as ``(kind, rows, frames)`` (kind ``step``, ``front`` or
     ``back``), in the order a start that serves meanwhile captures them: a lone stream's first
@@ -106,6 +112,7 @@ class GraphRunner(EagerRunner):
         batch_sizes: tuple[int, ...] = DEFAULT_BATCHES,
         frame_sizes: tuple[int, ...] = DEFAULT_FRAMES,
         max_batch_frames: int | None = None,  # default_batch_frames()
+        priority_step_frames: int = 0,
     ):
         super().__init__(model, pool)
         self.device = next(model.parameters()).device
@@ -115,6 +122,14 @@ class GraphRunner(EagerRunner):
         self.graphs: dict[tuple[int, int], _Graph] = {}
         self.prefill_graphs: dict[tuple[str, int, int], _Graph] = {}
         self.mempool = torch.cuda.graph_pool_handle()
+        # Small steps (at most priority_step_frames padded frames: first chunks, a lone stream's
+        # steps) replay from a pool of their own on a second, high-priority stream, so that the
+        # engine can run them beside a large step instead of behind it (stream/order.py orders
+        # each slot's work across the two).
+        self.priority_shapes = priority_shapes(self.buckets, priority_step_frames)
+        self.priority_mempool = torch.cuda.graph_pool_handle() if self.priority_shapes else None
+        self.priority_stream = torch.cuda.Stream(device=self.device, priority=-1) if self.priority_shapes else None
+        self._priority_capture: torch.cuda.Stream | None = None  # made on first use (see _capture_shape)
         self.hits = 0
         self.fallbacks: Counter[str] = Counter()
         self.frames = 0  # real frames in the step graphs replayed
@@ -130,7 +145,6 @@ class GraphRunner(EagerRunner):
         steps = [("step", b, t) for b, t in sorted(self.buckets, key=lambda bt: -bt[0] * bt[1])]
         for shape in steps + list(prefill_shapes):
             self._capture_shape(stream, shape)
-        torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
         self._graphs_changed()
 
@@ -157,7 +171,7 @@ class GraphRunner(EagerRunner):
     @torch.no_grad()
     def capture_one(self, shape: tuple[str, int, int], stream: torch.cuda.Stream) -> None:
         """Capture ``shape`` (from :meth:`plan`) now; its steps replay it from the next one on."""
-        self._capture_shape(stream, shape)
+        stream = self._capture_shape(stream, shape)
         torch.cuda.current_stream().wait_stream(stream)
         stream.synchronize()
         self._graphs_changed()
@@ -182,16 +196,30 @@ class GraphRunner(EagerRunner):
             x = self.model.front(x).zero_()
         return getattr(self.pool, kind), (x, slots, n_new), None
 
-    def _capture_shape(self, stream: torch.cuda.Stream, shape: tuple[str, int, int]) -> None:
+    def _capture_shape(self, stream: torch.cuda.Stream, shape: tuple[str, int, int]) -> torch.cuda.Stream:
+        """Capture ``shape`` on ``stream``, or a priority step on the priority pool's own capture
+        stream; returns the stream it was captured on. Graphs captured on one stream cannot run
+        at the same time even with pools of their own (on the H200 two such graphs replayed at
+        once died with an illegal instruction; something bound to the capture stream, cuBLAS's
+        workspace among it, is baked into both: BENCHMARKS.md, session 26), and a priority step
+        runs beside the others."""
         fn, inputs, packed = self._shape_inputs(shape)
-        g = self._capture(stream, fn, inputs)
+        priority = shape[0] == "step" and shape[1:] in self.priority_shapes
+        if priority:
+            if self._priority_capture is None:
+                self._priority_capture = torch.cuda.Stream(device=self.device)
+            stream = self._priority_capture
+            # Its warm-up runs below use that stream's workspace too: after the priority steps in flight.
+            stream.wait_stream(self.priority_stream)
+        g = self._capture(stream, fn, inputs, self.priority_mempool if priority else self.mempool)
         if packed is None:
             self.prefill_graphs[shape] = g
         else:
             g.packed = packed
             self.graphs[shape[1:]] = g
+        return stream
 
-    def _capture(self, stream: torch.cuda.Stream, fn, inputs: tuple[Tensor, Tensor, Tensor]) -> _Graph:
+    def _capture(self, stream: torch.cuda.Stream, fn, inputs: tuple[Tensor, Tensor, Tensor], pool: tuple | None = None) -> _Graph:
         """A graph of ``fn(model, x, slots, n_new)`` on scratch rows with no new frames (so the
         warm-up and capture runs change no stream's state). ``thread_local``: a warming thread's
         allocations beside a capture do not end it (they are on another stream)."""
@@ -203,9 +231,13 @@ class GraphRunner(EagerRunner):
                 fn(self.model, *inputs)
         stream.synchronize()
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self.mempool, stream=stream, capture_error_mode="thread_local"):
+        with torch.cuda.graph(g, pool=self.mempool if pool is None else pool, stream=stream, capture_error_mode="thread_local"):
             out = fn(self.model, *inputs)
         return _Graph(g, inputs, out)
+
+    def stream_for(self, shape: tuple[int, int]) -> torch.cuda.Stream | None:
+        """The priority stream where a step staged at ``shape`` replays a priority-pool graph; else None."""
+        return self.priority_stream if shape in self.priority_shapes and shape in self.graphs else None
 
     def padded_shape(self, batch: int, frames: int) -> tuple[int, int] | None:
         """The (rows, frames) of the graph a step of this shape replays; None: it runs eagerly.
@@ -310,12 +342,9 @@ class GraphRunner(EagerRunner):
                 "pool_bytes": self.pool_bytes}
 
     def memory_bytes(self) -> int:
-        """Bytes the shared graph memory pool holds (reserved by the caching allocator)."""
+        """Bytes the graph memory pools hold (reserved by the caching allocator)."""
+        pools = {tuple(p) for p in (self.mempool, self.priority_mempool) if p is not None}
         try:
-            return sum(
-                seg["total_size"]
-                for seg in torch.cuda.memory_snapshot()
-                if tuple(seg.get("segment_pool_id", (0, 0))) == tuple(self.mempool)
-            )
+            return sum(seg["total_size"] for seg in torch.cuda.memory_snapshot() if tuple(seg.get("segment_pool_id", (0, 0))) in pools)
         except Exception:  # pragma: no cover - snapshot layout differs across versions
             return -1

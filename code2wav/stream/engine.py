@@ -13,10 +13,12 @@ with every other stream waiting for its prefill (``stream/prefill.py``).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,6 +28,7 @@ from code2wav.audio import quantize16
 from code2wav.codes import CodesError
 from code2wav.model.decoder import Decoder
 from code2wav.stream.lifecycle import Lifecycle
+from code2wav.stream.order import SlotOrder
 from code2wav.stream.pool import StatePool
 from code2wav.stream.prefill import Prefill
 from code2wav.stream.prefix_cache import PrefixCache
@@ -71,6 +74,7 @@ class StreamEngine(Lifecycle):
                                bucket=self.device.type == "cuda" if bucket_prefill is None else bucket_prefill,
                                cache=PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None)
         self._events: list[Any] = []  # CUDA timing events, reused once their step has landed
+        self._order = SlotOrder()  # each slot's last work, where the runner has a second (priority) stream
         # float16 (the conv stack's or the low-rate stages') can overflow where bfloat16 and
         # float32 cannot: each row's audio is then checked on the step's device (_outputs).
         self.overflows = torch.float16 in (model.dtype, model.low_rate_dtype)
@@ -105,10 +109,27 @@ class StreamEngine(Lifecycle):
 
     def zero_released(self) -> None:
         """Zero the state of slots given back since the last step (a step does it anyway before
-        its first forward; run it on the stepping thread when idle, off the next first packet)."""
+        its first forward; run it on the stepping thread when idle, off the next first packet).
+        With a priority stream, on that stream: a new stream's first step runs there, and need not
+        wait behind the large steps queued on the main one."""
         if self.pool.has_stale:  # read without the lock: set only under it
             with self._lock:
-                self.pool.reset_stale()
+                priority = self.runner.priority_stream
+                if priority is None:
+                    self.pool.reset_stale()
+                    return
+                stale = self.pool.stale
+                with torch.cuda.stream(priority):
+                    self._wait_for(stale, priority)
+                    self.pool.reset_stale()
+                    zeroed = torch.cuda.Event()
+                    zeroed.record(priority)
+                self._order.touched(stale, priority, zeroed)
+
+    def _wait_for(self, slots: Any, stream: Any) -> None:
+        """Make ``stream`` wait for the last work on another stream that touched ``slots``."""
+        for event in self._order.waits(slots, stream):
+            stream.wait_event(event)
 
     def state_bytes(self) -> dict[str, int]:
         return {"per_stream": self.pool.bytes_per_stream, "pool": self.pool.nbytes}
@@ -195,7 +216,14 @@ class StreamEngine(Lifecycle):
                 # A stream prefilled now was batched with the others joining now, and their
                 # first chunks run together anyway: its first chunk does not wait. (One whose
                 # state came from the prefix cache had no prefill: it waits as a fresh one does.)
+                if self.runner.priority_stream is not None:  # the prefill and restores run on the current stream
+                    main, slots = torch.cuda.current_stream(self.device), [st.slot for st in waiting]
+                    self._wait_for(slots, main)
                 prefilled = {id(st) for st in self.prefill(waiting)}
+                if self.runner.priority_stream is not None:
+                    done = torch.cuda.Event()
+                    done.record(main)
+                    self._order.touched(slots, main, done)
                 for r in rows:
                     if id(r.stream) in prefilled:
                         r.gathers = False
@@ -234,41 +262,45 @@ class StreamEngine(Lifecycle):
         graph's output buffer is only valid until its next replay, which the in-order copy
         respects). A step runs while the next ones are queued (``SchedulePolicy.steps_ahead``);
         each step's finished rows are delivered as soon as its copy lands, and ``more`` is asked
-        for new rows in between."""
+        for new rows in between. Where the runner has a priority stream, a small step it takes runs
+        there while others are in flight, beside them rather than behind them (each slot's work
+        kept in order across the two by ``SlotOrder``), and is delivered as soon as it lands."""
         if torch.is_grad_enabled():  # the async engine's worker runs with it off: no context per decode there
             with torch.no_grad():
                 return self._run(rows, deliver, more)
         spf = self.cfg.samples_per_frame
         pin = self.device.type == "cuda"
-        stream = torch.cuda.current_stream(self.device) if pin else None  # looked up once: events record on it
+        main = torch.cuda.current_stream(self.device) if pin else None  # looked up once: events record on it
+        priority = self.runner.priority_stream
         sched = self.scheduler
         sched.reset(self._piece())
         sched.enqueue(rows)
-        # (copy done, start, rows it completes, group, inputs, each row's sum where float16 can overflow)
-        landed: deque[tuple[Any, Any, list[Row], Group, Staged, Tensor | None]] = deque()
+        landed: deque[_InFlight] = deque()  # in launch order
         dropped = lambda r: deliver(r.stream, r.request_id, StreamError("stream_ended", f"stream {r.request_id!r} ended while its chunk was queued"))  # noqa: E731
 
-        def land() -> None:
-            end, start, complete, group, staged, sums = landed.popleft()
+        def land(step: _InFlight) -> None:
+            landed.remove(step)
             if pin:
-                end.synchronize()
-            if sums is not None:  # read once the copy has landed, in one call for every row
-                for r, total in zip(group.rows, sums.tolist()):
+                step.end.synchronize()
+                if priority is not None:
+                    self._order.done(step.slots, step.end)
+            if step.sums is not None:  # read once the copy has landed, in one call for every row
+                for r, total in zip(step.group.rows, step.sums.tolist()):
                     r.finite = r.finite and math.isfinite(total)
             # Audio first: handing a row over wakes its caller's thread, which then runs while
             # this one does the bookkeeping below.
-            for row in complete:  # a one-piece row (the usual case) is a view: no copy
+            for row in step.complete:  # a one-piece row (the usual case) is a view: no copy
                 audio = row.pieces[0] if len(row.pieces) == 1 else torch.cat(row.pieces)
                 row.pieces = []
                 deliver(row.stream, row.request_id, audio if row.finite else NON_FINITE)
             if pin:
-                seconds = start.elapsed_time(end) / 1e3
-                self._events += (start, end)
+                seconds = step.start.elapsed_time(step.end) / 1e3
+                self._events += (step.start, step.end)
             else:
-                seconds = end - start
-            self.stager.landed(staged)
+                seconds = step.end - step.start
+            self.stager.landed(step.staged)
             for hook in self.on_step:
-                hook(seconds, len(group), staged.shape[1])
+                hook(seconds, len(step.group), step.staged.shape[1])
 
         while True:
             if more is not None and (new := more()):
@@ -278,19 +310,28 @@ class StreamEngine(Lifecycle):
             group = sched.next_group(self._live, dropped, device_idle=not landed)
             if group:
                 staged = self.stager.stage(group)
+                slots = [r.slot for r in group.rows]
                 if pin:
+                    # A priority-pool graph always replays on the priority stream: its static buffers and
+                    # its pool's memory are then used by one replay at a time.
+                    stream = (self.runner.stream_for(staged.shape) if priority is not None else None) or main
                     start, end = (self._events.pop() if self._events else torch.cuda.Event(enable_timing=True) for _ in range(2))
-                    start.record(stream)
+                    with torch.cuda.stream(stream) if stream is not main else _SAME:
+                        if priority is not None:
+                            self._wait_for(slots, stream)
+                        start.record(stream)
+                        wav = self.runner(staged.codes, staged.slots, staged.n_new)[: len(group), : max(group.pieces) * spf]
+                        outs, sums = self._outputs(wav, group, staged.n_new)
+                        host = lambda w: torch.empty(w.shape, dtype=w.dtype, pin_memory=True).copy_(w, non_blocking=True)  # noqa: E731
+                        outs = {k: host(w) for k, w in outs.items()}
+                        sums = None if sums is None else host(sums)
+                        end.record(stream)
+                    if priority is not None:
+                        self._order.touched(slots, stream, end)
                 else:
-                    start = time.perf_counter()
-                wav = self.runner(staged.codes, staged.slots, staged.n_new)[: len(group), : max(group.pieces) * spf]
-                outs, sums = self._outputs(wav, group, staged.n_new)
-                if pin:
-                    host = lambda w: torch.empty(w.shape, dtype=w.dtype, pin_memory=True).copy_(w, non_blocking=True)  # noqa: E731
-                    outs = {k: host(w) for k, w in outs.items()}
-                    sums = None if sums is None else host(sums)
-                    end.record(stream)
-                else:
+                    stream, start = None, time.perf_counter()
+                    wav = self.runner(staged.codes, staged.slots, staged.n_new)[: len(group), : max(group.pieces) * spf]
+                    outs, sums = self._outputs(wav, group, staged.n_new)
                     end = time.perf_counter()
                 complete, left = [], []
                 for j, (r, k) in enumerate(zip(group.rows, group.pieces)):
@@ -298,8 +339,37 @@ class StreamEngine(Lifecycle):
                     r.done += k
                     (complete if r.done == r.frames.shape[0] else left).append(r)
                 sched.requeue(left)
-                landed.append((end, start, complete, group, staged, sums))
-            # On CUDA steps stay queued on the GPU (SchedulePolicy.steps_ahead) while the one
-            # before them is delivered.
-            if landed and (not pin or len(landed) > sched.policy.steps_ahead or not group):
-                land()
+                landed.append(_InFlight(end, start, complete, group, staged, sums, stream, slots))
+            if not pin:
+                if landed:
+                    land(landed[0])
+                continue
+            # On CUDA steps stay queued on the GPU (SchedulePolicy.steps_ahead) while the ones
+            # before them are delivered. With a priority stream, whatever has finished is delivered
+            # first, in launch order (a slot's later step never finishes before its earlier one),
+            # and a wait goes to a priority step first: it is short, and a first packet's. (The main
+            # queue may then hold a step or two more than steps_ahead for a moment.)
+            if priority is not None:
+                for step in [st for st in landed if st.end.query()]:
+                    land(step)
+            on_priority = [st for st in landed if st.stream is priority] if priority is not None else []
+            ahead = sched.policy.steps_ahead
+            if landed and (len(landed) - len(on_priority) > ahead or len(on_priority) > ahead or not group):
+                land(on_priority[0] if on_priority else landed[0])
+
+
+@dataclass(slots=True, eq=False)  # eq=False: found in ``landed`` by identity, never by comparing tensors
+class _InFlight:
+    """A step launched and not yet delivered."""
+
+    end: Any  # its copy-done event on CUDA (a time eagerly)
+    start: Any
+    complete: list[Row]  # the rows it completes
+    group: Group
+    staged: Staged
+    sums: Tensor | None  # each row's sum, where float16 can overflow
+    stream: Any  # the CUDA stream it ran on
+    slots: list[int]  # its rows' slots
+
+
+_SAME = contextlib.nullcontext()  # the step runs on the current stream

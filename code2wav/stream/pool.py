@@ -112,6 +112,11 @@ class StatePool:
         """Whether slots given back wait to be zeroed (``reset_stale`` has work)."""
         return bool(self._stale)
 
+    @property
+    def stale(self) -> frozenset[int]:
+        """The slots ``reset_stale`` would zero now."""
+        return frozenset(self._stale)
+
     def reset_stale(self) -> None:
         """Cold-start state for every slot given back since the last call: zero conv history is
         the forward's zero padding; KV rows are masked by position, zeroed anyway so nothing

@@ -9,7 +9,7 @@ replays CUDA graphs and runs eagerly what no graph holds.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from torch import Tensor
 
@@ -20,6 +20,7 @@ from code2wav.stream.pool import StatePool
 class Runner(Protocol):
     model: Decoder
     pool: StatePool
+    priority_stream: Any  # a second CUDA stream for small steps (GraphRunner), or None: every step on the current one
 
     @property
     def max_frames(self) -> int | None:
@@ -38,6 +39,10 @@ class Runner(Protocol):
     def prefill(self, kind: str, x: Tensor, slots: Tensor, n_new: Tensor) -> Tensor:
         """One prefill pass, ``pool.front`` or ``pool.back`` (``kind``), over ``x``."""
 
+    def stream_for(self, shape: tuple[int, int]) -> Any:
+        """The stream a step staged at ``shape`` runs on when the engine has others in flight:
+        ``priority_stream`` for the steps it takes, else None (the current stream)."""
+
     def stats(self) -> dict[str, object] | None:
         """Counters of what it replayed (None: nothing to report)."""
 
@@ -46,6 +51,7 @@ class EagerRunner:
     """Every step and prefill pass as plain PyTorch calls on the pool."""
 
     max_frames: int | None = None
+    priority_stream = None
 
     def __init__(self, model: Decoder, pool: StatePool):
         self.model, self.pool = model, pool
@@ -61,6 +67,9 @@ class EagerRunner:
 
     def prefill(self, kind: str, x: Tensor, slots: Tensor, n_new: Tensor) -> Tensor:
         return getattr(self.pool, kind)(self.model, x, slots, n_new)
+
+    def stream_for(self, shape: tuple[int, int]) -> None:
+        return None
 
     def stats(self) -> dict[str, object] | None:
         return None
