@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import numpy as np
@@ -18,7 +19,7 @@ from code2wav.stream.pool import PoolFull, StatePool, packed_base, packed_inputs
 from code2wav.stream.rows import StreamError
 from code2wav.stream.runner import EagerRunner
 from code2wav.stream.schedule import SchedulePolicy, split_groups
-from tests.models import SMALL, forward_audio, random_codes
+from tests.models import SMALL, forward_audio, model, random_codes
 
 
 class Spy(EagerRunner):
@@ -674,6 +675,79 @@ def test_a_slots_work_waits_only_for_the_other_streams_last_touch():
     assert order.waits([1, 2], priority) == [] and order.waits([1, 2], main) == [small] and len(order) == 2
     order.done([2, 3], small)
     assert len(order) == 0
+
+
+class _Stream:
+    """A stand-in CUDA stream: counts the waits it is given."""
+
+    def __init__(self) -> None:
+        self.waits = 0
+
+    def wait_event(self, event: "_Event") -> None:
+        self.waits += 1
+
+
+class _Event:
+    """A stand-in CUDA event on a CPU that runs every op at once: done once synchronized, or
+    once ``done_after`` later queries have asked (work left queued for a while)."""
+
+    done_after = 2
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.asked = 0
+
+    def record(self, stream: object = None) -> None:
+        self.asked = 0
+
+    def query(self) -> bool:
+        self.asked += 1
+        return self.asked > self.done_after
+
+    def synchronize(self) -> None:
+        self.asked = self.done_after + 1
+
+    def elapsed_time(self, other: "_Event") -> float:
+        return 1.0
+
+
+@pytest.mark.parametrize("priority", [False, True], ids=["one stream", "priority stream"])
+def test_the_cuda_path_keeps_every_streams_audio_exact(monkeypatch, priority):
+    """The engine's CUDA path (steps queued ahead, delivered as their events complete; with a
+    priority stream, small steps on it, each slot's work waiting for the other stream's last
+    touch) run on the CPU with stand-in streams and events (CI has no GPU): ragged chunks of four
+    streams, some of them one-frame first chunks, end as each stream's whole-utterance forward,
+    and with a priority stream small steps ran on it and cross-stream waits were given."""
+    main, side = _Stream(), _Stream()
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: main)
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, pin_memory=False, **k: real_empty(*a, **k))
+    m = model(SMALL, torch.float64)
+    e = StreamEngine(m, max_streams=6, max_step_frames=8)
+    e.device = torch.device("cuda")  # the CUDA path (pinned copies, events), on stand-ins
+    on_side = []
+    if priority:
+        e.runner.priority_stream = side
+        e.runner.stream_for = lambda shape: (on_side.append(shape), side)[1] if shape[0] * shape[1] <= 4 else None
+    codes = {f"s{i}": random_codes(30, SMALL, seed=i) for i in range(4)}
+    for rid in codes:
+        e.open(rid)
+    outs, at = {rid: [] for rid in codes}, dict.fromkeys(codes, 0)
+    for sizes in ([1, 1, 1, 1], [8, 1, 8, 3], [8, 8, 8, 8], [13, 20, 13, 18]):
+        chunk = {}
+        for rid, n in zip(codes, sizes):
+            n = min(n, 30 - at[rid])
+            if n:
+                chunk[rid], at[rid] = codes[rid][at[rid] : at[rid] + n], at[rid] + n
+        for rid, audio in e.decode(chunk).items():
+            outs[rid].append(audio)
+    for rid in codes:
+        assert at[rid] == 30 and (torch.cat(outs[rid]) - forward_audio(m, codes[rid])).abs().max() < 1e-12
+    if priority:
+        assert on_side and main.waits + side.waits > 0
+    else:
+        assert main.waits == side.waits == 0
 
 
 def test_packed_graph_inputs_view_one_buffer_set_to_an_empty_step():
