@@ -123,7 +123,7 @@ class GraphRunner(EagerRunner):
         self.prefill_graphs: dict[tuple[str, int, int], _Graph] = {}
         self.mempool = torch.cuda.graph_pool_handle()
         # Small steps (at most priority_step_frames padded frames: first chunks, a lone stream's
-        # steps) replay from a pool of their own on a second, high-priority stream, so that the
+        # one-frame steps) replay from a pool of their own on a second, high-priority stream, so that the
         # engine can run them beside a large step instead of behind it (stream/order.py orders
         # each slot's work across the two).
         self.priority_shapes = priority_shapes(self.buckets, priority_step_frames)

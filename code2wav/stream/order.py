@@ -4,7 +4,7 @@ A slot's state must see its passes in order: the zeroing after its last owner, t
 reference prefix, then each step. On one CUDA stream that order is free. With a second stream
 (small steps beside the large ones, ``GraphRunner.priority_stream``), a step on one stream waits for the
 last work on the other that touched any of its slots, and for nothing else: the steps of other
-streams run priority by priority. Pure bookkeeping over opaque stream and event objects (CUDA's in the
+streams run side by side. Pure bookkeeping over opaque stream and event objects (CUDA's in the
 engine); the engine records the events.
 """
 

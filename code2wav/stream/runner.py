@@ -40,8 +40,8 @@ class Runner(Protocol):
         """One prefill pass, ``pool.front`` or ``pool.back`` (``kind``), over ``x``."""
 
     def stream_for(self, shape: tuple[int, int]) -> Any:
-        """The stream a step staged at ``shape`` runs on when the engine has others in flight:
-        ``priority_stream`` for the steps it takes, else None (the current stream)."""
+        """The stream a step staged at ``shape`` runs on: ``priority_stream`` for the steps it
+        takes, else None (the current stream)."""
 
     def stats(self) -> dict[str, object] | None:
         """Counters of what it replayed (None: nothing to report)."""
