@@ -26,6 +26,18 @@ def bf16_default(slots: int = 64):
     return model, StatePool(model, slots)
 
 
+def captured_runner(model, pool, shapes: list[tuple[int, int]]):
+    """A GraphRunner over ``pool`` with exactly ``shapes`` as its buckets (no budget-filling
+    extras), every one captured, in a memory pool of its own."""
+    from code2wav.engine.graphs import GraphRunner
+
+    runner = GraphRunner(model, pool, batch_sizes=tuple(b for b, _ in shapes), frame_sizes=tuple(t for _, t in shapes),
+                         max_batch_frames=max(b * t for b, t in shapes))
+    runner.buckets = sorted(set(shapes), key=lambda bt: (bt[1], bt[0]))
+    runner.capture()
+    return runner
+
+
 def timed(fn: Callable[[], object], reps: int = 20, warmup: int = 3) -> float:
     """Mean GPU time of ``fn()`` in microseconds, after ``warmup`` untimed calls."""
     for _ in range(warmup):

@@ -13,10 +13,10 @@ import statistics
 import sys
 
 import torch
-from gpu_timing import shapes_arg, timed  # bench/ is the script's directory, first on sys.path
+from gpu_timing import captured_runner, shapes_arg, timed  # bench/ is the script's directory, first on sys.path
 from profile_step import layer_choices
 
-from code2wav.engine.graphs import GraphRunner, use_expandable_segments
+from code2wav.engine.graphs import use_expandable_segments
 from code2wav.model.config import DecoderConfig
 from code2wav.model.init import random_decoder
 from code2wav.model.loading import configure_cuda
@@ -41,12 +41,8 @@ def main() -> int:
         m = m.to_dtypes(dtype, "cuda").set_layer_choices(choices)
         auto_low_rate(m)
         m.channels_last()
-        runner = GraphRunner(m, StatePool(m, 64), batch_sizes=tuple(b for b, _ in shapes), frame_sizes=tuple(t for _, t in shapes),
-                             max_batch_frames=max(b * t for b, t in shapes))
-        runner.buckets = sorted(set(shapes), key=lambda bt: (bt[1], bt[0]))
-        runner.capture()
-        graphs[layout] = runner
-        print(f"{layout}: graph pool {runner.memory_bytes() / 2**20:.0f} MiB", flush=True)
+        graphs[layout] = captured_runner(m, StatePool(m, 64), shapes)
+        print(f"{layout}: graph pool {graphs[layout].memory_bytes() / 2**20:.0f} MiB", flush=True)
     times: dict[tuple[str, tuple[int, int]], list[float]] = {}
     for r in range(rounds):
         for shape in shapes:

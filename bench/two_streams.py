@@ -19,9 +19,7 @@ from __future__ import annotations
 import sys
 
 import torch
-from gpu_timing import bf16_default, shapes_arg  # bench/ is the script's directory, first on sys.path
-
-from code2wav.engine.graphs import GraphRunner
+from gpu_timing import bf16_default, captured_runner, shapes_arg  # bench/ is the script's directory, first on sys.path
 
 
 def per_iteration(fn, n: int, streams: list[torch.cuda.Stream]) -> float:
@@ -50,15 +48,7 @@ def main() -> int:
     n = int(sys.argv[3]) if len(sys.argv) > 3 else 40
     model, pool = bf16_default()
     every = large + small
-
-    def runner() -> GraphRunner:  # its own memory pool (GraphRunner makes one)
-        r = GraphRunner(model, pool, batch_sizes=tuple(b for b, _ in every), frame_sizes=tuple(t for _, t in every),
-                        max_batch_frames=max(b * t for b, t in every))
-        r.buckets = sorted(set(every), key=lambda bt: (bt[1], bt[0]))
-        r.capture()
-        return r
-
-    a, b = runner(), runner()
+    a, b = captured_runner(model, pool, every), captured_runner(model, pool, every)  # two graph pools
     main_stream = torch.cuda.current_stream()
     side = torch.cuda.Stream(priority=-1)
     side_normal = torch.cuda.Stream()
