@@ -43,21 +43,40 @@ def sweep_tiles(C: int) -> list[unit_conv.ConvTiles]:
     today's tiles of that width (``unit_conv.TILES``) as they are. With ``UNIT_CONV_SWEEP=tmaw``:
     each with the weights through descriptors (``tma_w``), with the windows too, and (8 warps:
     Triton 3.6's Hopper warp specialization asserted at 4) both warp-specialized (``ws``);
-    ``tmaw-only`` and ``ws-only`` take one of the two groups."""
+    ``tmaw-only`` and ``ws-only`` take one of the two groups. With ``UNIT_CONV_SWEEP=ksteps``:
+    today's tiles and K steps of a whole or half tap (``k_steps``)."""
     out = [unit_conv.ConvTiles(*t) for t in SAMPLES_LEADERS if C % t[1] == 0]
     cp = unit_conv.triton.next_power_of_2(C)
     for bm, bk, w, st in itertools.product((64, 128, 256), (32, 64), (4, 8), (3, 4)):
         if C % bk == 0 and bm * cp <= 32768:
             out.append(unit_conv.ConvTiles(bm, bk, w, st, form="channels"))
     sweep = os.environ.get("UNIT_CONV_SWEEP")
+    today = [t for t in [unit_conv.TILES.get(C)] if t is not None]
+    if sweep == "ksteps":
+        return today + k_steps(C)
     if sweep not in ("tma", "tmaw", "tmaw-only", "ws-only"):
         return out
-    today = [t for t in [unit_conv.TILES.get(C)] if t is not None]
     if sweep == "tma":
         return today + [replace(t, tma=True) for t in out]
     descs = [replace(t, tma_w=True) for t in out] + [replace(t, tma=True, tma_w=True) for t in out]
     ws = [replace(t, tma=True, tma_w=True, ws=True) for t in out if t.num_warps == 8]
     return today + (descs if sweep != "ws-only" else []) + (ws if sweep != "tmaw-only" else [])
+
+
+def k_steps(C: int, smem: int = 220 * 1024) -> list[unit_conv.ConvTiles]:
+    """Tilings whose K step is a whole tap (``block_k = C``) or half of one, in two power-of-two
+    parts (96 = 64 + 32, 48 = 32 + 16, 192 = 128 + 64): a third or half the K steps of a
+    power-of-two slice, so the per-step waits and barriers are paid fewer times. Those whose
+    pipeline stages (``num_stages`` copies of a step's two operand tiles) fit in ``smem``."""
+    cp = unit_conv.triton.next_power_of_2(C)
+    out = []
+    for bk, form, bm, w, st in itertools.product((C, C // 2), ("samples", "channels"), (64, 128, 256), (4, 8), (2, 3, 4)):
+        t = unit_conv.ConvTiles(bm, bk, w, st, form)
+        stage = 2 * bk * (bm + (C if form == "samples" else cp))
+        acc = bm * (C if form == "samples" else cp)
+        if unit_conv.computes(C, t) and st * stage <= smem and acc <= 32768 and not (w == 4 and acc > 16384):
+            out.append(t)
+    return out
 
 
 def unit_pair(C: int, d: int, dtype: torch.dtype, g: torch.Generator) -> tuple[ResidualUnit, ResidualUnit]:
@@ -112,6 +131,8 @@ def main() -> int:
         ranked, sweep = ranked_tiles(sweep_tiles(C), lambda t: unit_conv.unit_conv(*args_, tiles=t),
                                      f"=== {C} channels, {rows} x {frames} frames (L = {frames * SPF[C]}), dilation 9: the kernel alone, best five")
         best = ranked[0]
+        if unit_conv.TILES.get(C) in sweep:
+            print(f"      today's tiles: {sweep[unit_conv.TILES[C]]:.1f} us  {unit_conv.TILES[C]}")
         if sweep[best] == float("inf"):
             continue
         unit_conv.TILES[C] = best_tiles[C] = best

@@ -287,6 +287,20 @@ def test_unit_conv_matches_the_unit_ops(monkeypatch, form, C, d, loads):
     assert close(unit_conv.unit_conv(*trimmed), ref, 1e-5)
 
 
+@pytest.mark.parametrize(("C", "d"), [(96, 3), (48, 9)])
+@pytest.mark.parametrize("form", ["samples", "channels"])
+def test_unit_conv_takes_a_whole_tap_a_k_step(form, C, d):
+    """A K slice that is not a power of two (a whole tap, ``block_k = C``: 96 = 64 + 32,
+    48 = 32 + 16) runs as two power-of-two products a K step, with the same result; tensor
+    descriptors take power-of-two slices only."""
+    g = torch.Generator().manual_seed(11)
+    args, ref = _unit_case(C, d, 3, 37, g, extra=d)
+    y = unit_conv.unit_conv(*args, tiles=unit_conv.ConvTiles(16, C, 4, 2, form))
+    assert close(y, ref, 1e-5) and snake.is_channels_last(y)
+    assert not unit_conv.computes(C, unit_conv.ConvTiles(16, C, 4, 2, form, tma=True))
+    assert not unit_conv.computes(112, unit_conv.ConvTiles(16, 112, 4, 2, "channels"))  # 112 = 64 + 48: no
+
+
 def test_unit_conv_refuses_what_it_cannot_compute():
     """A history concat shorter than the conv reads, a K slice that does not divide the
     channels, a width the samples form cannot split (80 = 64 + 16 can, 112 = 64 + 48 not; the

@@ -37,7 +37,8 @@ from code2wav.kernels.unit import sm_count
 @dataclass(frozen=True)
 class ConvTiles:
     """One launch's tiling: output samples per program, the K slice over input channels (it
-    divides ``C``), warps, pipeline stages, and the form: ``"samples"`` (samples x channels:
+    divides ``C``; one that is not a power of two, such as a whole tap ``block_k = C``, is taken
+    as two power-of-two parts in each K step, ``split(block_k)``), warps, pipeline stages, and the form: ``"samples"`` (samples x channels:
     the samples are the GEMMs' M side, ``C`` split in two power-of-two parts) or
     ``"channels"`` (the transposed products, output channels x samples: the weights are the A
     operand, ``C`` padded to a power of two, and the samples the wide N side)."""
@@ -65,11 +66,19 @@ def split(C: int) -> tuple[int, int]:
     return ca, C - ca
 
 
+def _parts_ok(n: int) -> bool:
+    """``n``'s second part (``split``) is 0 or a power of two >= 16."""
+    second = split(n)[1]
+    return second == 0 or (second >= 16 and second & (second - 1) == 0)
+
+
 def computes(C: int, tiles: ConvTiles) -> bool:
-    """Whether ``tiles`` can compute a ``C``-channel unit: the K slice divides ``C``, and in the
-    samples form ``C``'s second part is 0 or a power of two >= 16."""
-    cb = split(C)[1]
-    return C % tiles.block_k == 0 and (tiles.form == "channels" or cb == 0 or (cb >= 16 and cb & (cb - 1) == 0))
+    """Whether ``tiles`` can compute a ``C``-channel unit: the K slice divides ``C`` and splits
+    in power-of-two parts (tensor descriptors take a power-of-two slice only), and in the
+    samples form ``C`` splits so too."""
+    bk = tiles.block_k
+    return (C % bk == 0 and _parts_ok(bk) and (tiles.form == "channels" or _parts_ok(C))
+            and not ((tiles.tma or tiles.tma_w) and split(bk)[1]))
 
 
 if triton is not None:
@@ -128,12 +137,13 @@ if triton is not None:
                           M, L, D, sxxb, sxb, s1n, s1k, s1t, s2n, s2k,
                           C: tl.constexpr, CA: tl.constexpr, CB: tl.constexpr, TAPS: tl.constexpr,
                           FAST_SIN: tl.constexpr, NUM_STAGES: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr, TMA_W: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, KA: tl.constexpr, TMA: tl.constexpr, TMA_W: tl.constexpr,
                           WS: tl.constexpr, PDL: tl.constexpr):
         wait_previous(PDL)  # before any memory access (kernels/pdl.py)
         HAS_B: tl.constexpr = CB > 0
         CBP: tl.constexpr = CB if CB > 0 else 16  # a shape for the unused second half
         KCH: tl.constexpr = C // BLOCK_K
+        KB: tl.constexpr = BLOCK_K - KA  # a K step's input channels in two power-of-two parts
         rm, mmask, b, t, xx_rows, x_rows, desc, row0 = _unit_rows(xx_ptr, M, L, sxxb, sxb, C, BLOCK_M, BLOCK_K, TMA, False)
         na = tl.arange(0, CA)[None, :]
         nb = CA + tl.arange(0, CBP)[None, :]
@@ -143,7 +153,7 @@ if triton is not None:
         wd_b = _weight_desc(w1_ptr, C, TAPS, CBP, BLOCK_K, TMA_W)
         for i in tl.range(0, TAPS * KCH, num_stages=NUM_STAGES, warp_specialize=WS):  # tap j, input channels [k0, k0 + BK)
             j = i // KCH
-            rk = (i % KCH) * BLOCK_K + tl.arange(0, BLOCK_K)[None, :]  # [1, BK]
+            rk = (i % KCH) * BLOCK_K + tl.arange(0, KA)[None, :]  # [1, KA]
             if TMA:
                 a = desc.load([row0 + j * D, (i % KCH) * BLOCK_K])
             else:
@@ -157,6 +167,13 @@ if triton is not None:
                 acc_a = tl.dot(a, tl.load(wk + na * s1n), acc_a)
                 if HAS_B:
                     acc_b = tl.dot(a, tl.load(wk + nb * s1n), acc_b)
+                if KB > 0:  # the K step's second part
+                    rk2 = (i % KCH) * BLOCK_K + KA + tl.arange(0, KB)[None, :]
+                    a2 = tl.load(xx_ptr + xx_rows + j * D * C + rk2, mask=mmask, other=0.0)
+                    wk2 = w1_ptr + tl.trans(rk2) * s1k + j * s1t
+                    acc_a = tl.dot(a2, tl.load(wk2 + na * s1n), acc_a)
+                    if HAS_B:
+                        acc_b = tl.dot(a2, tl.load(wk2 + nb * s1n), acc_b)
         # The tail: SnakeBeta of the conv (+ its bias) is the A of the 1x1 conv, W2[n, k] its B.
         ka = tl.arange(0, CA)[:, None]
         kb = CA + tl.arange(0, CBP)[:, None]
@@ -180,12 +197,13 @@ if triton is not None:
                             M, L, D, sxxb, sxb, s1n, s1k, s1t, s2n, s2k,
                             C: tl.constexpr, CP: tl.constexpr, TAPS: tl.constexpr,
                             FAST_SIN: tl.constexpr, NUM_STAGES: tl.constexpr,
-                            BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr, TMA_W: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, KA: tl.constexpr, TMA: tl.constexpr, TMA_W: tl.constexpr,
                             WS: tl.constexpr, PDL: tl.constexpr):
         """The same unit, transposed: ``acc[n, m]`` over output channels ``n`` (``C`` padded to
         ``CP``; the padding's weights load as zero, so its rows stay zero) and samples ``m``."""
         wait_previous(PDL)  # before any memory access (kernels/pdl.py)
         KCH: tl.constexpr = C // BLOCK_K
+        KB: tl.constexpr = BLOCK_K - KA
         rm, mmask, b, t, xx_cols, x_cols, desc, row0 = _unit_rows(xx_ptr, M, L, sxxb, sxb, C, BLOCK_M, BLOCK_K, TMA, True)
         n = tl.arange(0, CP)[:, None]  # [CP, 1]
         nmask = n < C
@@ -193,7 +211,7 @@ if triton is not None:
         wd = _weight_desc(w1_ptr, C, TAPS, CP, BLOCK_K, TMA_W)
         for i in tl.range(0, TAPS * KCH, num_stages=NUM_STAGES, warp_specialize=WS):
             j = i // KCH
-            rk = (i % KCH) * BLOCK_K + tl.arange(0, BLOCK_K)  # input channels
+            rk = (i % KCH) * BLOCK_K + tl.arange(0, KA)  # input channels
             if TMA_W:  # rows past C read as zero: the descriptor's bounds
                 w = wd.load([0, j * C + (i % KCH) * BLOCK_K])
             else:
@@ -203,6 +221,11 @@ if triton is not None:
             else:
                 a = tl.load(xx_ptr + xx_cols + j * D * C + rk[:, None], mask=mmask, other=0.0)  # [BK, BM]
             acc = tl.dot(w, a, acc)
+            if KB > 0:  # the K step's second part (pointer loads only: ``computes``)
+                rk2 = (i % KCH) * BLOCK_K + KA + tl.arange(0, KB)
+                w2_ = tl.load(w1_ptr + n * s1n + rk2[None, :] * s1k + j * s1t, mask=nmask, other=0.0)
+                a2 = tl.load(xx_ptr + xx_cols + j * D * C + rk2[:, None], mask=mmask, other=0.0)
+                acc = tl.dot(w2_, a2, acc)
         h = _snake_rounded(acc, n, b1_ptr, alpha_ptr, beta_ptr, C, FAST_SIN, w2_ptr.dtype.element_ty)
         k2 = tl.arange(0, CP)[None, :]
         w2 = tl.load(w2_ptr + n * s2n + k2 * s2k, mask=nmask & (k2 < C), other=0.0)  # [CP, CP] = W2[n, k]
@@ -241,8 +264,9 @@ def unit_conv(xx: Tensor, x: Tensor, w1: Tensor, dilation: int, b1: Tensor, alph
     if t.form not in ("samples", "channels"):
         raise ValueError(f"form must be 'samples' or 'channels', got {t.form!r}")
     if not computes(C, t):
-        raise ValueError(f"tiles {t} cannot compute {C} channels (the K slice must divide them; "
-                         f"the samples form needs C - {split(C)[0]} to be 0 or a power of two >= 16)")
+        raise ValueError(f"tiles {t} cannot compute {C} channels (the K slice must divide them and split in two "
+                         f"power-of-two parts, the second 0 or >= 16, and be a power of two with tensor descriptors; "
+                         f"the samples form needs C so split too)")
     if t.tma and not _dense_rows(xx):
         raise ValueError("tiles with tma=True read xx as dense [B, T, C] rows: give a dense channels-last xx")
     if t.tma_w and not _weight_rows(w1):
@@ -258,7 +282,7 @@ def unit_conv(xx: Tensor, x: Tensor, w1: Tensor, dilation: int, b1: Tensor, alph
         _descriptor_scratch()
     common = (xx, x, w1, w2, y, b1, alpha, beta, b2, M, L, dilation, xx.stride(0), x.stride(0),
               w1.stride(0), w1.stride(1), w1.stride(2), w2.stride(0), w2.stride(1))
-    shared = dict(TAPS=taps, FAST_SIN=fast_sin(x), NUM_STAGES=t.num_stages, BLOCK_M=block_m, BLOCK_K=t.block_k, TMA=t.tma,
+    shared = dict(TAPS=taps, FAST_SIN=fast_sin(x), NUM_STAGES=t.num_stages, BLOCK_M=block_m, BLOCK_K=t.block_k, KA=split(t.block_k)[0], TMA=t.tma,
                   TMA_W=t.tma_w, WS=t.ws, num_warps=t.num_warps, **pdl.options(x))
     if t.form == "channels":
         _unit_conv_t_kernel[grid](*common, C=C, CP=triton.next_power_of_2(C), **shared)
