@@ -3,9 +3,11 @@ streams in flight at once through the async engine, some with a reference prefix
 1, 25, 25 and 4 frames, each stream pushing its next chunk when the last one's audio is back, so
 that first chunks' one-frame steps run while 25-frame steps are queued. The same workload with
 the priority stream and without it (float32, the released architecture's random weights): every
-stream's audio within 1e-5 of the peak of the other run's (the steps' batches differ with
-timing, and cuDNN's algorithm with the batch), two streams within 1e-4 of the float64
-whole-utterance forward, and how many steps ran on the priority stream.
+stream's audio within 1e-4 of the peak of the other run's (the steps' batches differ with
+timing, and cuDNN's algorithm with the batch: each run is ~1.5e-5 from float64, so the two may
+differ by as much; session 27's first run, held to 1e-5 here, differed by 1.55e-5), two streams
+of each run within 1e-4 of the float64 whole-utterance forward (the fp32 bound of
+bench/gpu_check.py), and how many steps ran on the priority stream.
 argv: [streams, default 24]
 """
 
@@ -81,10 +83,10 @@ def main() -> int:
         for i in (0, 1):  # a cold stream and a prefixed one
             p = prefixes[i]
             ref = m64(codes[i][: p + sum(CHUNKS)].T[None])[0, 0][p * SPF :]  # what the stream was sent
-            errs.append(((outs[16][i] - ref).abs().max() / ref.abs().max()).item())
-    ok = priority_steps[16] > 0 and worst <= 1e-5 and max(errs) <= 1e-4
+            errs += [((outs[frames][i] - ref).abs().max() / ref.abs().max()).item() for frames in (16, 0)]
+    ok = priority_steps[16] > 0 and worst <= 1e-4 and max(errs) <= 1e-4
     print(f"{'PASS' if ok else 'FAIL'} priority stream: {priority_steps[16]} priority steps; {n} streams' audio vs the one-stream run: "
-          f"max err / peak {worst:.2e}; vs float64 (cold, prefixed): {errs[0]:.2e}, {errs[1]:.2e}")
+          f"max err / peak {worst:.2e}; vs float64 (cold, prefixed; with / without): {errs[0]:.2e} / {errs[1]:.2e}, {errs[2]:.2e} / {errs[3]:.2e}")
     return 0 if ok else 1
 
 
