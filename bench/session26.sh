@@ -13,8 +13,7 @@
 #   bash bench/session26.sh d   small steps on a second CUDA stream (EngineConfig.side_step_frames): the
 #                               multi-stream exactness check (bench/side_check.py), the record with and without
 #   bash bench/session26.sh e   the same at 64 and 256 streams, the stacks dumped if it hangs
-#   bash bench/session26.sh g   (not run yet) the priority stream as on main: bench/priority_check.py, then the
-#                               record alternating with and without it, twice
+#   (g, the priority stream as on main, never ran in this session: it ran as bench/session27.sh a)
 #   bash bench/session26.sh f [one|two|both]   two graphs replayed at once (bench/shared_workspace.py): captured on
 #                               one stream or two
 source bench/device_env.sh
@@ -62,15 +61,6 @@ f)
   stamp "two graphs at once on two streams, captured on one capture stream or on two"
   timeout 150 python3 bench/shared_workspace.py 6 "${2:-both}" 2>&1 | tee "$OUT/shared_workspace.txt" | tail -5 | tee -a "$log"
   ;;
-g)
-  # Not run yet: the priority stream as it is on main (off by default), for the next session.
-  stamp "the priority stream: exactness and use (float32, many streams at once)"
-  timeout 240 python3 bench/priority_check.py 24 2>&1 | tee "$OUT/priority_check.txt" | tee -a "$log"
-  for i in 1 2; do
-    sustained_levels "priority_$i" --set priority_step_frames=16
-    sustained_levels "one_stream_$i"
-  done
-  ;;
-*) echo "usage: bash bench/session26.sh a|b|c|d|e|f|g" >&2; exit 2 ;;
+*) echo "usage: bash bench/session26.sh a|b|c|d|e|f" >&2; exit 2 ;;
 esac
 stamp "done"
