@@ -133,6 +133,17 @@ if triton is not None:
         return desc
 
     @triton.jit
+    def _samples_dots(a, w1_ptr, rk, j, s1n, s1k, s1t, na, nb, acc_a, acc_b, HAS_B: tl.constexpr):
+        """The samples form's products of one K part: window tile ``a`` (``[BM, K]``, input
+        channels ``rk``, a row ``[1, K]``) times tap ``j``'s weights ``W1[n, rk, j]`` for output
+        channels ``na`` (and ``nb`` where ``HAS_B``), into the two accumulators."""
+        wk = w1_ptr + tl.trans(rk) * s1k + j * s1t  # [K, 1]
+        acc_a = tl.dot(a, tl.load(wk + na * s1n), acc_a)
+        if HAS_B:
+            acc_b = tl.dot(a, tl.load(wk + nb * s1n), acc_b)
+        return acc_a, acc_b
+
+    @triton.jit
     def _unit_conv_kernel(xx_ptr, x_ptr, w1_ptr, w2_ptr, y_ptr, b1_ptr, alpha_ptr, beta_ptr, b2_ptr,
                           M, L, D, sxxb, sxb, s1n, s1k, s1t, s2n, s2k,
                           C: tl.constexpr, CA: tl.constexpr, CB: tl.constexpr, TAPS: tl.constexpr,
@@ -163,17 +174,11 @@ if triton is not None:
                 if HAS_B:
                     acc_b = tl.dot(a, tl.trans(wd_b.load([CA, j * C + (i % KCH) * BLOCK_K])), acc_b)
             else:
-                wk = w1_ptr + tl.trans(rk) * s1k + j * s1t  # [BK, 1]: W1[n, k, j]
-                acc_a = tl.dot(a, tl.load(wk + na * s1n), acc_a)
-                if HAS_B:
-                    acc_b = tl.dot(a, tl.load(wk + nb * s1n), acc_b)
+                acc_a, acc_b = _samples_dots(a, w1_ptr, rk, j, s1n, s1k, s1t, na, nb, acc_a, acc_b, HAS_B)
                 if KB > 0:  # the K step's second part
                     rk2 = (i % KCH) * BLOCK_K + KA + tl.arange(0, KB)[None, :]
                     a2 = tl.load(xx_ptr + xx_rows + j * D * C + rk2, mask=mmask, other=0.0)
-                    wk2 = w1_ptr + tl.trans(rk2) * s1k + j * s1t
-                    acc_a = tl.dot(a2, tl.load(wk2 + na * s1n), acc_a)
-                    if HAS_B:
-                        acc_b = tl.dot(a2, tl.load(wk2 + nb * s1n), acc_b)
+                    acc_a, acc_b = _samples_dots(a2, w1_ptr, rk2, j, s1n, s1k, s1t, na, nb, acc_a, acc_b, HAS_B)
         # The tail: SnakeBeta of the conv (+ its bias) is the A of the 1x1 conv, W2[n, k] its B.
         ka = tl.arange(0, CA)[:, None]
         kb = CA + tl.arange(0, CBP)[:, None]
