@@ -1,0 +1,274 @@
+"""The 96-channel residual unit as a Hopper kernel in CUDA C++ (wgmma), compiled at run time by NVRTC.
+
+kernels/unit_conv.py's Triton unit reads each of the seven taps' rows from L2 again (the k=7
+conv's A tiles are seven row windows of one matrix, and Triton's shared-memory tiles cannot be
+taken at a row offset), and streams the weights again for every tile of samples. Here a program
+(one per SM, persistent) keeps both convs' weights in shared memory for the whole launch and
+copies each 128-sample tile's input window (``128 + 6 * d`` rows of the history concat ``xx``)
+into shared memory once; the seven taps are seven wgmma operand descriptors into that one window,
+``tap * d`` rows apart.
+
+That works because of the window's layout: without swizzling, a wgmma operand is a grid of "core
+matrices" of 8 rows x 16 bytes, each 128 contiguous bytes, and the descriptor's start address
+moves in 16-byte steps. Stored as ``[channel chunk of 8][row][8 channels]``, any 8 consecutive
+rows of one chunk are such a core matrix, so a descriptor may start at any row. (Row count
+``WROWS`` is odd modulo 8 so the window's 16-byte copies spread over the banks.)
+
+The tail is as in the Triton unit: the conv's fp32 accumulator plus ``b1`` goes through SnakeBeta
+in registers, is rounded once to bf16, and is the register operand of the 1x1 conv's wgmma; its
+bias and the residual ``x`` join that accumulator before the one rounding to the output.
+
+Two warpgroups each own 64 of a tile's samples; every thread also issues the copies of the next
+tile's window, which run during this tile's products. bf16 only, 96 channels, ``d <= 14``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+C = 96  # channels: the kernel's N, 12 chunks of 8
+TAPS = 7
+TILE = 128  # output samples a tile (two warpgroups of 64)
+THREADS = 256
+SMEM_LIMIT = 232_448  # H100/H200 per-block opt-in maximum
+_W1_BYTES = TAPS * C * C * 2
+_W2_BYTES = C * C * 2
+_PARAM_BYTES = 4 * C * 4  # b1, e^alpha, 1 / (e^beta + 1e-9), b2 (fp32)
+
+
+def window_rows(dilation: int) -> int:
+    """Rows a window buffer holds: ``TILE + 6 d``, rounded up to 1 modulo 8 (bank spread)."""
+    rows = TILE + (TAPS - 1) * dilation
+    return rows + (1 - rows) % 8
+
+
+def smem_bytes(dilation: int) -> int:
+    return _W1_BYTES + _W2_BYTES + _PARAM_BYTES + 2 * window_rows(dilation) * C * 2
+
+
+def _mma_ss(n: int) -> str:
+    d = ", ".join(f"%{i}" for i in range(n // 2))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(n // 2))
+    k = n // 2
+    return f"""
+__device__ __forceinline__ void mma_ss(float* d, u64 da, u64 db) {{
+  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{k + 2}, 0;\\n"
+    "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{d}}}, %{k}, %{k + 1}, p, 1, 1, 0, 0;\\n}}\\n"
+    : {outs} : "l"(da), "l"(db), "r"(1));
+}}"""
+
+
+def _mma_rs(n: int) -> str:
+    k = n // 2
+    d = ", ".join(f"%{i}" for i in range(k))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(k))
+    return f"""
+__device__ __forceinline__ void mma_rs(float* d, const u32* a, u64 db) {{
+  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{k + 5}, 0;\\n"
+    "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{d}}}, {{%{k}, %{k + 1}, %{k + 2}, %{k + 3}}}, %{k + 4}, p, 1, 1, 0;\\n}}\\n"
+    : {outs} : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}}"""
+
+
+_BODY = r"""
+#define C 96
+#define NACC 48          /* m64n96 fp32 accumulator: 48 values a thread */
+#define CHUNKS 12        /* 8-channel chunks */
+#define KSTEPS 6         /* k16 steps over C */
+#define TAPS 7
+#define TILE 128
+#define W1_BYTES (TAPS * CHUNKS * C * 16)
+#define W2_BYTES (CHUNKS * C * 16)
+#define PARAM_OFF (W1_BYTES + W2_BYTES)
+#define WIN_OFF (PARAM_OFF + 4 * C * 4)
+
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+  u32 r; asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p)); return r;
+}
+__device__ __forceinline__ void cp16(u32 dst, const void* src, u32 n) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(n) : "memory");
+}
+__device__ __forceinline__ u64 desc(u32 addr, u32 lbo) {
+  /* no swizzle; LBO: the next 8 channels (K), SBO: the next 8 rows (M or N), 128 bytes */
+  return (u64)((addr & 0x3FFFF) >> 4) | ((u64)((lbo & 0x3FFFF) >> 4) << 16) | ((u64)(128 >> 4) << 32);
+}
+__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
+  u32 r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+__device__ __forceinline__ float sin_approx(float x) { float r; asm("sin.approx.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
+__device__ __forceinline__ float as_float(u32 u) { float f; asm("mov.b32 %0, %1;" : "=f"(f) : "r"(u)); return f; }
+__device__ __forceinline__ void fence_operand(float& x) { asm volatile("" : "+f"(x) :: "memory"); }
+
+/* Copy tile `tile`'s window: rows t0 .. t0 + TILE + 6 d of batch row b of xx, zero past nxx. */
+__device__ __forceinline__ void load_window(u32 buf, const u16* xx, int sxxb, int nxx, int ntr,
+                                            int tile, int D, int wrows) {
+  int b = tile / ntr, t0 = (tile % ntr) * TILE;
+  int n = (TILE + (TAPS - 1) * D) * CHUNKS;
+  const u16* base = xx + (long long)b * sxxb;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    int r = i / CHUNKS, c = i - r * CHUNKS;
+    bool ok = t0 + r < nxx;
+    const u16* src = ok ? base + (long long)(t0 + r) * C + c * 8 : xx;
+    cp16(buf + (u32)(c * wrows + r) * 16, src, ok ? 16 : 0);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+unit_window(const u16* __restrict__ xx, const u16* __restrict__ x, const u16* __restrict__ wpack,
+            const float* __restrict__ params, u16* __restrict__ y,
+            int sxxb, int sxb, int nxx, int B, int L, int D, int wrows, int mode) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const u32 s0 = smem_u32(smem);
+  const u32 w1s = s0, w2s = s0 + W1_BYTES;
+  const float* sp = (const float*)(smem + PARAM_OFF);
+  const u32 win0 = s0 + WIN_OFF, winsz = (u32)wrows * C * 2;
+  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+
+  /* both convs' weights, already in the smem image (kernels/unit_window.pack), and the params */
+  for (int i = tid; i < (W1_BYTES + W2_BYTES) / 16; i += blockDim.x) cp16(s0 + i * 16, wpack + i * 8, 16);
+  for (int i = tid; i < 4 * C; i += blockDim.x) ((float*)(smem + PARAM_OFF))[i] = params[i];
+  const int ntr = (L + TILE - 1) / TILE, ntiles = B * ntr;
+  int tile = blockIdx.x;
+  if (tile < ntiles) load_window(win0, xx, sxxb, nxx, ntr, tile, D, wrows);
+  asm volatile("cp.async.commit_group;" ::: "memory");
+
+  for (int it = 0; tile < ntiles; ++it, tile += gridDim.x) {
+    const int next = tile + gridDim.x;
+    if (next < ntiles) load_window(win0 + ((it + 1) & 1) * winsz, xx, sxxb, nxx, ntr, next, D, wrows);
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();
+
+    const u32 win = win0 + (it & 1) * winsz;
+    float acc[NACC];
+#pragma unroll
+    for (int i = 0; i < NACC; ++i) acc[i] = 0.f;
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int tap = 0; tap < TAPS; ++tap) {
+#pragma unroll
+      for (int k = 0; k < KSTEPS; ++k) {
+        u64 da = desc(win + (u32)((2 * k) * wrows + 64 * wg + tap * D) * 16, (u32)wrows * 16);
+        u64 db = desc(w1s + (u32)((tap * CHUNKS + 2 * k) * C) * 16, C * 16);
+        mma_ss(acc, da, db);
+      }
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+    for (int i = 0; i < NACC; ++i) fence_operand(acc[i]);
+
+    /* this thread's rows (r, r + 8) and channels 8 j + 2 q + e (acc index 4 j + 2 h + e) */
+    const int b = tile / ntr, t = (tile % ntr) * TILE + 64 * wg + 16 * warp + (lane >> 2);
+    const int q = lane & 3;
+    if (mode == 1) {  /* the conv alone (+ b1), for tests */
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (t + 8 * h >= L) continue;
+        u16* yr = y + ((long long)b * L + t + 8 * h) * C;
+#pragma unroll
+        for (int j = 0; j < 12; ++j) {
+          int c = 8 * j + 2 * q;
+          *(u32*)(yr + c) = pack_bf16(acc[4 * j + 2 * h] + sp[c], acc[4 * j + 2 * h + 1] + sp[c + 1]);
+        }
+      }
+    } else {
+      u32 a[KSTEPS * 4];
+#pragma unroll
+      for (int j = 0; j < 12; ++j) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float v[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            int c = 8 * j + 2 * q + e;
+            float u = acc[4 * j + 2 * h + e] + sp[c];
+            float s = sin_approx(u * sp[C + c]);
+            v[e] = u + sp[2 * C + c] * s * s;
+          }
+          /* A fragment of k step j / 2: a0 (r, k lo), a1 (r + 8, k lo), a2 (r, k hi), a3 (r + 8, k hi) */
+          a[(j >> 1) * 4 + (j & 1) * 2 + h] = pack_bf16(v[0], v[1]);
+        }
+      }
+      float acc2[NACC];
+#pragma unroll
+      for (int i = 0; i < NACC; ++i) acc2[i] = 0.f;
+      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+      for (int k = 0; k < KSTEPS; ++k) mma_rs(acc2, a + 4 * k, desc(w2s + (u32)(2 * k * C) * 16, C * 16));
+      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+      for (int i = 0; i < NACC; ++i) fence_operand(acc2[i]);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (t + 8 * h >= L) continue;
+        const u16* xr = x + (long long)b * sxb + (long long)(t + 8 * h) * C;
+        u16* yr = y + ((long long)b * L + t + 8 * h) * C;
+#pragma unroll
+        for (int j = 0; j < 12; ++j) {
+          int c = 8 * j + 2 * q;
+          u32 xv = *(const u32*)(xr + c);
+          float y0 = acc2[4 * j + 2 * h] + sp[3 * C + c] + as_float(xv << 16);
+          float y1 = acc2[4 * j + 2 * h + 1] + sp[3 * C + c + 1] + as_float(xv & 0xffff0000u);
+          *(u32*)(yr + c) = pack_bf16(y0, y1);
+        }
+      }
+    }
+    __syncthreads();  /* this window's buffer is free for the copy two tiles on */
+  }
+}
+"""
+
+SOURCE = ("typedef unsigned int u32;\ntypedef unsigned long long u64;\ntypedef unsigned short u16;\n"
+          + _mma_ss(C) + _mma_rs(C) + _BODY)
+
+
+def pack(w1: Tensor, w2: Tensor, b1: Tensor, alpha: Tensor, beta: Tensor, b2: Tensor) -> tuple[Tensor, Tensor]:
+    """The weights as the kernel's shared-memory image (``[tap][chunk][n][8]`` then ``[chunk][n][8]``,
+    bf16) and the per-channel parameters (``[4, C]`` fp32: b1, e^alpha, 1 / (e^beta + 1e-9), b2)."""
+    k = w1.shape[-1]
+    img1 = w1.permute(2, 1, 0).reshape(k, C // 8, 8, C).permute(0, 1, 3, 2)  # [tap, chunk, n, 8]
+    img2 = w2[:, :, 0].t().reshape(C // 8, 8, C).permute(0, 2, 1)  # [chunk, n, 8]
+    wpack = torch.cat([img1.reshape(-1), img2.reshape(-1)]).to(torch.bfloat16).contiguous()
+    f = lambda t: t.detach().float().reshape(C)  # noqa: E731
+    params = torch.stack([f(b1), f(alpha).exp(), 1.0 / (f(beta).exp() + 1e-9), f(b2)]).contiguous()
+    return wpack, params
+
+
+@functools.cache
+def _kernel(device_index: int, smem: int):
+    from torch.cuda import _utils
+
+    ptx, name = _utils._nvrtc_compile(SOURCE, "unit_window", "90a", nvcc_options=["-std=c++17"])
+    kern = _utils._cuda_load_module(ptx, [name])[name]
+    kern.set_shared_memory_config(smem)
+    return kern
+
+
+def unit_window(xx: Tensor, x: Tensor, wpack: Tensor, params: Tensor, dilation: int, mode: int = 0) -> Tensor:
+    """A 96-channel residual unit, as kernels/unit_conv.unit_conv computes it, from ``pack``'s
+    weights. ``mode=1``: the k=7 conv plus ``b1`` alone (tests)."""
+    B, Cx, L = x.shape
+    if Cx != C or x.dtype != torch.bfloat16 or xx.dtype != torch.bfloat16:
+        raise ValueError(f"unit_window takes bf16 {C}-channel activations, got {Cx} channels of {x.dtype}")
+    if xx.stride()[1:] != (1, C) or x.stride()[1:] != (1, C) or xx.data_ptr() % 16 or xx.stride(0) % 8:
+        raise ValueError("unit_window reads channels-last xx and x, xx's rows 16-byte aligned")
+    if xx.shape[-1] < L + (TAPS - 1) * dilation:
+        raise ValueError(f"xx has {xx.shape[-1]} samples, the conv needs {L + (TAPS - 1) * dilation}")
+    smem = smem_bytes(dilation)
+    if smem > SMEM_LIMIT:
+        raise ValueError(f"dilation {dilation} needs {smem} bytes of shared memory, over {SMEM_LIMIT}")
+    y = torch.empty(B, L, C, device=x.device, dtype=x.dtype)
+    ntiles = B * -(-L // TILE)
+    grid = min(ntiles, torch.cuda.get_device_properties(x.device).multi_processor_count)
+    kern = _kernel(x.device.index or 0, smem_bytes(14))
+    kern(grid=(grid, 1, 1), block=(THREADS, 1, 1), shared_mem=smem,
+         args=[xx, x, wpack, params, y, xx.stride(0), x.stride(0), xx.shape[-1], B, L, dilation,
+               window_rows(dilation), mode])
+    return y.transpose(1, 2)
+
