@@ -29,6 +29,9 @@ import functools
 import torch
 from torch import Tensor
 
+from code2wav.kernels import instant
+from code2wav.kernels.snake import is_channels_last
+
 C = 96  # channels: the kernel's N, 12 chunks of 8
 TAPS = 7
 TILE = 128  # output samples a tile (two warpgroups of 64)
@@ -226,6 +229,20 @@ unit_window(const u16* __restrict__ xx, const u16* __restrict__ x, const u16* __
 
 SOURCE = ("typedef unsigned int u32;\ntypedef unsigned long long u64;\ntypedef unsigned short u16;\n"
           + _mma_ss(C) + _mma_rs(C) + _BODY)
+
+
+def applies(x: Tensor, rows_min: int, dilation: int) -> bool:
+    """Where this unit runs: ``rows_min > 0`` output samples or more (``LayerChoices.unit_window_rows``),
+    bf16 channels-last activations of 96 channels on an sm90 GPU, a dilation whose window fits."""
+    B, Cx, L = x.shape
+    return (rows_min > 0 and B * L >= rows_min and Cx == C and x.is_cuda and x.dtype == torch.bfloat16
+            and is_channels_last(x) and smem_bytes(dilation) <= SMEM_LIMIT and _sm90(x.device.index or 0)
+            and not instant.active())
+
+
+@functools.cache
+def _sm90(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index) == (9, 0)
 
 
 def pack(w1: Tensor, w2: Tensor, b1: Tensor, alpha: Tensor, beta: Tensor, b2: Tensor) -> tuple[Tensor, Tensor]:

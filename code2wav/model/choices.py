@@ -41,6 +41,11 @@ class LayerChoices:
     # output samples (rows x time at the unit's rate; 0: never, cuDNN's conv then the fused
     # tail). 1: every step, at the widths kernels/unit_conv.TILES has tiles for.
     unit_conv_rows: int = 1
+    # The 96-channel residual units as kernels/unit_window.py's CUDA C++ kernel (Hopper wgmma:
+    # both convs' weights resident in shared memory, each tile's input window copied once and
+    # read by all seven taps) in steps of at least this many output samples (0: never, and
+    # ``unit_conv_rows`` decides). bf16 on sm90 only.
+    unit_window_rows: int = 0
     # A ConvTranspose upsampler with history (k = 2s) as one Triton GEMM over row pairs
     # (kernels/convt.py) in steps of at least this many input rows (0: never; its two cuBLAS
     # products, the second reading the output back). 1: every step, at the widths
@@ -70,7 +75,7 @@ class LayerChoices:
     def __post_init__(self) -> None:
         if self.conv_fold not in FOLDS:
             raise ValueError(f"conv_fold must be one of {FOLDS}, got {self.conv_fold!r}")
-        for name in ("conv_gemm_rows", "unit_conv_rows", "convt_kernel_rows", "attention_frames"):
+        for name in ("conv_gemm_rows", "unit_conv_rows", "unit_window_rows", "convt_kernel_rows", "attention_frames"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from code2wav.kernels import convt, instant, skinny, unit, unit_conv
+from code2wav.kernels import convt, instant, skinny, unit, unit_conv, unit_window
 from code2wav.kernels.mono_conv import mono_conv
 from code2wav.kernels.snake import bias_add, is_channels_last, residual_add, snake_beta, to_layout
 from code2wav.model.choices import DEFAULT_CHOICES, LayerChoices
@@ -227,8 +227,25 @@ class ResidualUnit(nn.Module):
         self.conv1 = CausalConv1d(dim, dim, 7, dilation=dilation, rate=rate)
         self.act2 = SnakeBeta(dim)
         self.conv2 = CausalConv1d(dim, dim, 1, rate=rate)
+        self._window: tuple | None = None  # kernels/unit_window's packed weights, keyed by their sources
+
+    def window_weights(self) -> tuple[Tensor, Tensor]:
+        """The weights as kernels/unit_window.pack lays them out, packed on first use and again
+        whenever a source tensor moves or changes (never inside a graph capture: the warm-up's
+        eager runs pack them before)."""
+        c1, c2 = self.conv1.conv, self.conv2.conv
+        src = (c1.weight, c2.weight, c1.bias, self.act2.alpha, self.act2.beta, c2.bias)
+        key = tuple((t.data_ptr(), t._version) for t in src)
+        if self._window is None or self._window[0] != key:
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("unit_window's weights must be packed by an eager run before a graph capture")
+            self._window = (key, *unit_window.pack(*src))
+        return self._window[1], self._window[2]
 
     def forward(self, x: Tensor, step: Step | None = None) -> Tensor:
+        d = self.conv1.conv.dilation[0]
+        if unit_window.applies(x, self.choices.unit_window_rows, d):  # the history concat, then the CUDA C++ unit
+            return unit_window.unit_window(self.conv1._with_history(x, step, self.act1), x, *self.window_weights(), d)
         if unit_conv.applies(x, self.choices.unit_conv_rows):  # the history concat, then the rest in one kernel
             c1 = self.conv1.conv
             return unit_conv.unit_conv(self.conv1._with_history(x, step, self.act1), x, c1.weight, c1.dilation[0], c1.bias,
