@@ -161,13 +161,23 @@ unit_window(const u16* __restrict__ xx, const u16* __restrict__ x, const u16* __
       }
     }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+
+    /* this thread's rows (t, t + 8) and channels 8 j + 2 q + e (acc index 4 j + 2 h + e); the
+       residual's loads are issued while the products run */
+    const int b = tile / ntr, t = (tile % ntr) * TILE + 64 * wg + 16 * warp + (lane >> 2);
+    const int q = lane & 3;
+    u32 xres[24];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const u16* xr = x + (long long)b * sxb + (long long)min(t + 8 * h, L - 1) * C;
+#pragma unroll
+      for (int j = 0; j < 12; ++j) xres[12 * h + j] = *(const u32*)(xr + 8 * j + 2 * q);
+    }
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
     for (int i = 0; i < NACC; ++i) fence_operand(acc[i]);
 
-    /* this thread's rows (r, r + 8) and channels 8 j + 2 q + e (acc index 4 j + 2 h + e) */
-    const int b = tile / ntr, t = (tile % ntr) * TILE + 64 * wg + 16 * warp + (lane >> 2);
-    const int q = lane & 3;
+    const float2* sp2 = (const float2*)sp;  /* channel pairs (c, c + 1) of each parameter row */
     if (mode == 1) {  /* the conv alone (+ b1), for tests */
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -176,25 +186,22 @@ unit_window(const u16* __restrict__ xx, const u16* __restrict__ x, const u16* __
 #pragma unroll
         for (int j = 0; j < 12; ++j) {
           int c = 8 * j + 2 * q;
-          *(u32*)(yr + c) = pack_bf16(acc[4 * j + 2 * h] + sp[c], acc[4 * j + 2 * h + 1] + sp[c + 1]);
+          float2 b1 = sp2[c / 2];
+          *(u32*)(yr + c) = pack_bf16(acc[4 * j + 2 * h] + b1.x, acc[4 * j + 2 * h + 1] + b1.y);
         }
       }
     } else {
       u32 a[KSTEPS * 4];
 #pragma unroll
       for (int j = 0; j < 12; ++j) {
+        const int c2 = (8 * j + 2 * q) / 2;
+        const float2 b1 = sp2[c2], al = sp2[C / 2 + c2], ib = sp2[C + c2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          float v[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            int c = 8 * j + 2 * q + e;
-            float u = acc[4 * j + 2 * h + e] + sp[c];
-            float s = sin_approx(u * sp[C + c]);
-            v[e] = u + sp[2 * C + c] * s * s;
-          }
-          /* A fragment of k step j / 2: a0 (r, k lo), a1 (r + 8, k lo), a2 (r, k hi), a3 (r + 8, k hi) */
-          a[(j >> 1) * 4 + (j & 1) * 2 + h] = pack_bf16(v[0], v[1]);
+          float u0 = acc[4 * j + 2 * h] + b1.x, u1 = acc[4 * j + 2 * h + 1] + b1.y;
+          float s0 = sin_approx(u0 * al.x), s1 = sin_approx(u1 * al.y);
+          /* A fragment of k step j / 2: a0 (t, k lo), a1 (t + 8, k lo), a2 (t, k hi), a3 (t + 8, k hi) */
+          a[(j >> 1) * 4 + (j & 1) * 2 + h] = pack_bf16(u0 + ib.x * s0 * s0, u1 + ib.y * s1 * s1);
         }
       }
       float acc2[NACC];
@@ -210,14 +217,14 @@ unit_window(const u16* __restrict__ xx, const u16* __restrict__ x, const u16* __
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if (t + 8 * h >= L) continue;
-        const u16* xr = x + (long long)b * sxb + (long long)(t + 8 * h) * C;
         u16* yr = y + ((long long)b * L + t + 8 * h) * C;
 #pragma unroll
         for (int j = 0; j < 12; ++j) {
           int c = 8 * j + 2 * q;
-          u32 xv = *(const u32*)(xr + c);
-          float y0 = acc2[4 * j + 2 * h] + sp[3 * C + c] + as_float(xv << 16);
-          float y1 = acc2[4 * j + 2 * h + 1] + sp[3 * C + c + 1] + as_float(xv & 0xffff0000u);
+          u32 xv = xres[12 * h + j];
+          float2 b2 = sp2[3 * C / 2 + c / 2];
+          float y0 = acc2[4 * j + 2 * h] + b2.x + as_float(xv << 16);
+          float y1 = acc2[4 * j + 2 * h + 1] + b2.y + as_float(xv & 0xffff0000u);
           *(u32*)(yr + c) = pack_bf16(y0, y1);
         }
       }
@@ -263,7 +270,12 @@ def _kernel(device_index: int, smem: int):
 
     ptx, name = _utils._nvrtc_compile(SOURCE, "unit_window", "90a", nvcc_options=["-std=c++17"])
     kern = _utils._cuda_load_module(ptx, [name])[name]
-    kern.set_shared_memory_config(smem)
+    if hasattr(kern, "set_shared_memory_config"):
+        kern.set_shared_memory_config(smem)
+    else:  # older torch: the driver call itself (8: CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
+        lib = getattr(_utils, "_get_gpu_runtime_library", None) or _utils._get_cuda_library
+        if lib().cuFuncSetAttribute(kern.func, 8, smem) != 0:
+            raise RuntimeError(f"unit_window: cannot raise the kernel's shared memory to {smem} bytes")
     return kern
 
 
