@@ -119,117 +119,200 @@ __device__ __forceinline__ void load_window(u32 buf, const u16* xx, int sxxb, in
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1)
-unit_window(const u16* __restrict__ xx, const u16* __restrict__ x, const u16* __restrict__ wpack,
-            const float* __restrict__ params, u16* __restrict__ y,
-            int sxxb, int sxb, int nxx, int B, int L, int D, int wrows, int mode) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  const u32 s0 = smem_u32(smem);
-  const u32 w1s = s0, w2s = s0 + W1_BYTES;
-  const float* sp = (const float*)(smem + PARAM_OFF);
-  const u32 win0 = s0 + WIN_OFF, winsz = (u32)wrows * C * 2;
-  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+struct Ctx {  /* what every phase of a program needs */
+  u32 w1s, w2s, win0, winsz;
+  const float2* sp2;  /* parameter rows as channel pairs: b1, e^alpha, 1 / (e^beta + 1e-9), b2 */
+  int wg, q, row, ntr, D, wrows, L, sxb;
+};
 
-  /* both convs' weights, already in the smem image (kernels/unit_window.pack), and the params */
-  for (int i = tid; i < (W1_BYTES + W2_BYTES) / 16; i += blockDim.x) cp16(s0 + i * 16, wpack + i * 8, 16);
-  for (int i = tid; i < 4 * C; i += blockDim.x) ((float*)(smem + PARAM_OFF))[i] = params[i];
-  const int ntr = (L + TILE - 1) / TILE, ntiles = B * ntr;
-  int tile = blockIdx.x;
-  if (tile < ntiles) load_window(win0, xx, sxxb, nxx, ntr, tile, D, wrows);
-  asm volatile("cp.async.commit_group;" ::: "memory");
+/* the k=7 conv of the tile whose window is at `win`: 42 wgmmas, committed as one group */
+__device__ __forceinline__ u32 opaque(u32 v) { asm volatile("mov.b32 %0, %0;" : "+r"(v)); return v; }
 
-  for (int it = 0; tile < ntiles; ++it, tile += gridDim.x) {
-    const int next = tile + gridDim.x;
-    if (next < ntiles) load_window(win0 + ((it + 1) & 1) * winsz, xx, sxxb, nxx, ntr, next, D, wrows);
-    asm volatile("cp.async.commit_group;" ::: "memory");
-    asm volatile("cp.async.wait_group 1;" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    __syncthreads();
-
-    const u32 win = win0 + (it & 1) * winsz;
-    float acc[NACC];
+__device__ __forceinline__ void conv_mma(float* acc, u32 win, const Ctx& k) {
 #pragma unroll
-    for (int i = 0; i < NACC; ++i) acc[i] = 0.f;
-    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+  for (int i = 0; i < NACC; ++i) acc[i] = 0.f;
+  /* Descriptors move by adding 16-byte units to their start field. The strides pass through
+     `opaque` so the compiler rebuilds the 84 descriptors each tile instead of holding them all
+     in registers across the loop. */
+  const u32 wrows = opaque(k.wrows), d = opaque(k.D);
+  const u64 a0 = desc(win + (u32)(64 * k.wg) * 16, wrows * 16), b0 = desc(opaque(k.w1s), C * 16);
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-    for (int tap = 0; tap < TAPS; ++tap) {
+  for (int tap = 0; tap < TAPS; ++tap) {
 #pragma unroll
-      for (int k = 0; k < KSTEPS; ++k) {
-        u64 da = desc(win + (u32)((2 * k) * wrows + 64 * wg + tap * D) * 16, (u32)wrows * 16);
-        u64 db = desc(w1s + (u32)((tap * CHUNKS + 2 * k) * C) * 16, C * 16);
-        mma_ss(acc, da, db);
-      }
-    }
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    for (int s = 0; s < KSTEPS; ++s) mma_ss(acc, a0 + (2 * s) * wrows + tap * d, b0 + (tap * CHUNKS + 2 * s) * C);
+  }
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
 
-    /* this thread's rows (t, t + 8) and channels 8 j + 2 q + e (acc index 4 j + 2 h + e); the
-       residual's loads are issued while the products run */
-    const int b = tile / ntr, t = (tile % ntr) * TILE + 64 * wg + 16 * warp + (lane >> 2);
-    const int q = lane & 3;
-    u32 xres[24];
+/* this thread's first output row of `tile` (the other is 8 below), and its batch row */
+__device__ __forceinline__ int out_row(int tile, const Ctx& k, int& b) {
+  b = tile / k.ntr;
+  return (tile % k.ntr) * TILE + k.row;
+}
+
+/* the residual rows of this thread's outputs (channels 8 j + 2 q, pairs), loads in flight */
+__device__ __forceinline__ void load_residual(u32* xres, const u16* x, int tile, const Ctx& k) {
+  int b, t = out_row(tile, k, b);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const u16* xr = x + (long long)b * k.sxb + (long long)min(t + 8 * h, k.L - 1) * C;
+#pragma unroll
+    for (int j = 0; j < 12; ++j) xres[12 * h + j] = *(const u32*)(xr + 8 * j + 2 * k.q);
+  }
+}
+
+/* SnakeBeta(acc + b1), rounded to bf16, as the 1x1's register operand: k step s's fragment is
+   a[4 s ..]: (t, k lo), (t + 8, k lo), (t, k hi), (t + 8, k hi); acc index 4 j + 2 h + e is row
+   t + 8 h, channel 8 j + 2 q + e */
+__device__ __forceinline__ void snake_fragments(u32* a, const float* acc, const Ctx& k) {
+#pragma unroll
+  for (int j = 0; j < 12; ++j) {
+    const int c2 = 4 * j + k.q;
+    const float2 b1 = k.sp2[c2], al = k.sp2[C / 2 + c2], ib = k.sp2[C + c2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const u16* xr = x + (long long)b * sxb + (long long)min(t + 8 * h, L - 1) * C;
-#pragma unroll
-      for (int j = 0; j < 12; ++j) xres[12 * h + j] = *(const u32*)(xr + 8 * j + 2 * q);
+      float u0 = acc[4 * j + 2 * h] + b1.x, u1 = acc[4 * j + 2 * h + 1] + b1.y;
+      float s0 = sin_approx(u0 * al.x), s1 = sin_approx(u1 * al.y);
+      a[(j >> 1) * 4 + (j & 1) * 2 + h] = pack_bf16(u0 + ib.x * s0 * s0, u1 + ib.y * s1 * s1);
     }
-    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  }
+}
+
+/* the 1x1 conv: 6 wgmmas with the register operand, committed as one group */
+__device__ __forceinline__ void tail_mma(float* acc2, const u32* a, const Ctx& k) {
+#pragma unroll
+  for (int i = 0; i < NACC; ++i) acc2[i] = 0.f;
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+  for (int s = 0; s < KSTEPS; ++s) mma_rs(acc2, a + 4 * s, desc(k.w2s + (u32)(2 * s * C) * 16, C * 16));
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+
+/* y = acc2 + b2 + x, rounded once; with conv_only, acc + b1 (tests) */
+__device__ __forceinline__ void store_out(u16* y, const float* acc, const u32* xres, int tile, const Ctx& k, bool conv_only) {
+  int b, t = out_row(tile, k, b);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (t + 8 * h >= k.L) continue;
+    u16* yr = y + ((long long)b * k.L + t + 8 * h) * C;
+#pragma unroll
+    for (int j = 0; j < 12; ++j) {
+      int c = 8 * j + 2 * k.q;
+      float2 bias = k.sp2[(conv_only ? 0 : 3 * C / 2) + c / 2];
+      float y0 = acc[4 * j + 2 * h] + bias.x, y1 = acc[4 * j + 2 * h + 1] + bias.y;
+      if (!conv_only) { u32 xv = xres[12 * h + j]; y0 += as_float(xv << 16); y1 += as_float(xv & 0xffff0000u); }
+      *(u32*)(yr + c) = pack_bf16(y0, y1);
+    }
+  }
+}
+
+__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
+__device__ __forceinline__ void window_ready(int pending) {
+  if (pending) asm volatile("cp.async.wait_group 1;" ::: "memory");
+  else asm volatile("cp.async.wait_group 0;" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  /* the copies, seen by wgmma's proxy */
+  __syncthreads();
+}
+#define COMMIT() asm volatile("cp.async.commit_group;" ::: "memory")
+
+/* weights and parameters into shared memory, the context, the first window's copy issued */
+__device__ __forceinline__ Ctx setup(unsigned char* smem, const u16* xx, const u16* wpack, const float* params,
+                                     int sxxb, int sxb, int nxx, int B, int L, int D, int wrows, int& ntiles) {
+  Ctx k;
+  const u32 s0 = smem_u32(smem);
+  k.w1s = s0; k.w2s = s0 + W1_BYTES; k.win0 = s0 + WIN_OFF; k.winsz = (u32)wrows * C * 2;
+  k.sp2 = (const float2*)(smem + PARAM_OFF);
+  const int tid = threadIdx.x;
+  k.wg = tid >> 7; k.q = tid & 3;
+  k.row = 64 * k.wg + 16 * ((tid >> 5) & 3) + ((tid & 31) >> 2);
+  k.ntr = (L + TILE - 1) / TILE; k.D = D; k.wrows = wrows; k.L = L; k.sxb = sxb;
+  ntiles = B * k.ntr;
+  for (int i = tid; i < (W1_BYTES + W2_BYTES) / 16; i += blockDim.x) cp16(s0 + i * 16, wpack + i * 8, 16);
+  for (int i = tid; i < 4 * C; i += blockDim.x) ((float*)(smem + PARAM_OFF))[i] = params[i];
+  if (blockIdx.x < ntiles) load_window(k.win0, xx, sxxb, nxx, k.ntr, blockIdx.x, D, wrows);
+  COMMIT();
+  return k;
+}
+
+#define ARGS const u16* __restrict__ xx, const u16* __restrict__ x, const u16* __restrict__ wpack, \
+             const float* __restrict__ params, u16* __restrict__ y, \
+             int sxxb, int sxb, int nxx, int B, int L, int D, int wrows, int mode
+#define SETUP extern __shared__ __align__(128) unsigned char smem[]; int ntiles; \
+              const Ctx k = setup(smem, xx, wpack, params, sxxb, sxb, nxx, B, L, D, wrows, ntiles)
+
+/* One tile at a time: copy the next window, run this tile's products, then its tail. */
+extern "C" __global__ void __launch_bounds__(256, 1) unit_window(ARGS) {
+  SETUP;
+  int tile = blockIdx.x;
+  for (int it = 0; tile < ntiles; ++it, tile += gridDim.x) {
+    const int next = tile + gridDim.x;
+    if (next < ntiles) load_window(k.win0 + ((it + 1) & 1) * k.winsz, xx, sxxb, nxx, k.ntr, next, D, wrows);
+    COMMIT();
+    window_ready(1);
+    float acc[NACC];
+    u32 xres[24];
+    conv_mma(acc, k.win0 + (it & 1) * k.winsz, k);
+    load_residual(xres, x, tile, k);
+    wgmma_wait0();
 #pragma unroll
     for (int i = 0; i < NACC; ++i) fence_operand(acc[i]);
-
-    const float2* sp2 = (const float2*)sp;  /* channel pairs (c, c + 1) of each parameter row */
-    if (mode == 1) {  /* the conv alone (+ b1), for tests */
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        if (t + 8 * h >= L) continue;
-        u16* yr = y + ((long long)b * L + t + 8 * h) * C;
-#pragma unroll
-        for (int j = 0; j < 12; ++j) {
-          int c = 8 * j + 2 * q;
-          float2 b1 = sp2[c / 2];
-          *(u32*)(yr + c) = pack_bf16(acc[4 * j + 2 * h] + b1.x, acc[4 * j + 2 * h + 1] + b1.y);
-        }
-      }
+    if (mode == 1) {
+      store_out(y, acc, xres, tile, k, true);
     } else {
       u32 a[KSTEPS * 4];
-#pragma unroll
-      for (int j = 0; j < 12; ++j) {
-        const int c2 = (8 * j + 2 * q) / 2;
-        const float2 b1 = sp2[c2], al = sp2[C / 2 + c2], ib = sp2[C + c2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float u0 = acc[4 * j + 2 * h] + b1.x, u1 = acc[4 * j + 2 * h + 1] + b1.y;
-          float s0 = sin_approx(u0 * al.x), s1 = sin_approx(u1 * al.y);
-          /* A fragment of k step j / 2: a0 (t, k lo), a1 (t + 8, k lo), a2 (t, k hi), a3 (t + 8, k hi) */
-          a[(j >> 1) * 4 + (j & 1) * 2 + h] = pack_bf16(u0 + ib.x * s0 * s0, u1 + ib.y * s1 * s1);
-        }
-      }
       float acc2[NACC];
-#pragma unroll
-      for (int i = 0; i < NACC; ++i) acc2[i] = 0.f;
-      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-      for (int k = 0; k < KSTEPS; ++k) mma_rs(acc2, a + 4 * k, desc(w2s + (u32)(2 * k * C) * 16, C * 16));
-      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+      snake_fragments(a, acc, k);
+      tail_mma(acc2, a, k);
+      wgmma_wait0();
 #pragma unroll
       for (int i = 0; i < NACC; ++i) fence_operand(acc2[i]);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        if (t + 8 * h >= L) continue;
-        u16* yr = y + ((long long)b * L + t + 8 * h) * C;
-#pragma unroll
-        for (int j = 0; j < 12; ++j) {
-          int c = 8 * j + 2 * q;
-          u32 xv = xres[12 * h + j];
-          float2 b2 = sp2[3 * C / 2 + c / 2];
-          float y0 = acc2[4 * j + 2 * h] + b2.x + as_float(xv << 16);
-          float y1 = acc2[4 * j + 2 * h + 1] + b2.y + as_float(xv & 0xffff0000u);
-          *(u32*)(yr + c) = pack_bf16(y0, y1);
-        }
-      }
+      store_out(y, acc2, xres, tile, k, false);
     }
     __syncthreads();  /* this window's buffer is free for the copy two tiles on */
+  }
+}
+
+/* Tile i's tail runs while tile i + 1's products do: the next conv is issued first, then this
+   tile's SnakeBeta and 1x1 (the tensor cores take the 1x1 after the conv). `cur` holds tile's
+   finished conv on entry; `nxt` gets tile + gridDim.x's, in flight on return. */
+__device__ __forceinline__ void pipe_step(float* cur, float* nxt, int tile, int it, int ntiles, const Ctx& k,
+                                          const u16* xx, const u16* x, u16* y, int sxxb, int nxx) {
+  const int next = tile + gridDim.x;
+  window_ready(0);  /* window `next`, copied during the previous step */
+  if (next < ntiles) conv_mma(nxt, k.win0 + ((it + 1) & 1) * k.winsz, k);
+  if (next < ntiles) wgmma_wait1(); else wgmma_wait0();
+#pragma unroll
+  for (int i = 0; i < NACC; ++i) fence_operand(cur[i]);
+  __syncthreads();  /* both warpgroups are done with this tile's window: copy tile + 2 into it */
+  if (next + gridDim.x < ntiles) load_window(k.win0 + (it & 1) * k.winsz, xx, sxxb, nxx, k.ntr, next + gridDim.x, k.D, k.wrows);
+  COMMIT();
+  u32 a[KSTEPS * 4];
+  float acc2[NACC];
+  snake_fragments(a, cur, k);
+  tail_mma(acc2, a, k);
+  u32 xres[24];
+  load_residual(xres, x, tile, k);  /* in flight behind the next conv and this 1x1 */
+  wgmma_wait0();
+#pragma unroll
+  for (int i = 0; i < NACC; ++i) fence_operand(acc2[i]);
+  store_out(y, acc2, xres, tile, k, false);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) unit_window_pipe(ARGS) {
+  SETUP;
+  int tile = blockIdx.x;
+  if (tile + gridDim.x < ntiles) load_window(k.win0 + k.winsz, xx, sxxb, nxx, k.ntr, tile + gridDim.x, D, wrows);
+  COMMIT();
+  window_ready(1);  /* the weights and the first window */
+  float accA[NACC], accB[NACC];
+  if (tile < ntiles) conv_mma(accA, k.win0, k);
+  wgmma_wait0();
+  for (int it = 0; tile < ntiles; it += 2, tile += 2 * gridDim.x) {
+    pipe_step(accA, accB, tile, it, ntiles, k, xx, x, y, sxxb, nxx);
+    if (tile + gridDim.x >= ntiles) break;
+    pipe_step(accB, accA, tile + gridDim.x, it + 1, ntiles, k, xx, x, y, sxxb, nxx);
   }
 }
 """
@@ -264,12 +347,16 @@ def pack(w1: Tensor, w2: Tensor, b1: Tensor, alpha: Tensor, beta: Tensor, b2: Te
     return wpack, params
 
 
+KERNELS = ("unit_window_pipe", "unit_window")  # the pipelined form (the default) and one tile at a time
+
+
 @functools.cache
-def _kernel(device_index: int, smem: int):
+def _kernel(name: str, device_index: int, smem: int):
     from torch.cuda import _utils
 
-    ptx, name = _utils._nvrtc_compile(SOURCE, "unit_window", "90a", nvcc_options=["-std=c++17"])
-    kern = _utils._cuda_load_module(ptx, [name])[name]
+    with torch.cuda.device(device_index):
+        ptx, _ = _utils._nvrtc_compile(SOURCE, name, "90a", nvcc_options=["-std=c++17"])
+        kern = _utils._cuda_load_module(ptx, [name])[name]
     if hasattr(kern, "set_shared_memory_config"):
         kern.set_shared_memory_config(smem)
     else:  # older torch: the driver call itself (8: CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
@@ -279,9 +366,10 @@ def _kernel(device_index: int, smem: int):
     return kern
 
 
-def unit_window(xx: Tensor, x: Tensor, wpack: Tensor, params: Tensor, dilation: int, mode: int = 0) -> Tensor:
+def unit_window(xx: Tensor, x: Tensor, wpack: Tensor, params: Tensor, dilation: int, mode: int = 0,
+                kernel: str = KERNELS[0]) -> Tensor:
     """A 96-channel residual unit, as kernels/unit_conv.unit_conv computes it, from ``pack``'s
-    weights. ``mode=1``: the k=7 conv plus ``b1`` alone (tests)."""
+    weights. ``mode=1``: the k=7 conv plus ``b1`` alone (tests; one-tile-at-a-time kernel only)."""
     B, Cx, L = x.shape
     if Cx != C or x.dtype != torch.bfloat16 or xx.dtype != torch.bfloat16:
         raise ValueError(f"unit_window takes bf16 {C}-channel activations, got {Cx} channels of {x.dtype}")
@@ -295,7 +383,9 @@ def unit_window(xx: Tensor, x: Tensor, wpack: Tensor, params: Tensor, dilation: 
     y = torch.empty(B, L, C, device=x.device, dtype=x.dtype)
     ntiles = B * -(-L // TILE)
     grid = min(ntiles, torch.cuda.get_device_properties(x.device).multi_processor_count)
-    kern = _kernel(x.device.index or 0, smem_bytes(14))
+    if kernel not in KERNELS or (mode == 1 and kernel != "unit_window"):
+        raise ValueError(f"kernel must be one of {KERNELS} (mode=1: unit_window), got {kernel!r}")
+    kern = _kernel(kernel, x.device.index or 0, smem_bytes(14))
     kern(grid=(grid, 1, 1), block=(THREADS, 1, 1), shared_mem=smem,
          args=[xx, x, wpack, params, y, xx.stride(0), x.stride(0), xx.shape[-1], B, L, dilation,
                window_rows(dilation), mode])
