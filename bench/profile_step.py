@@ -30,6 +30,7 @@ SUFFIXES = {
     "unitfill": ("unit_fill_sms", lambda v: v != "0"),
     "gemmrows": ("conv_gemm_rows", int),
     "unitconv": ("unit_conv_rows", int),
+    "unitwindow": ("unit_window_rows", int),
     "convtk": ("convt_kernel_rows", int),
     "attn": ("attention_frames", int),
 }
@@ -37,7 +38,7 @@ SUFFIXES = {
 
 def layer_choices(layout: str) -> tuple[str, LayerChoices]:
     """A layout name's ``-name=value`` suffixes (``SUFFIXES``: ``-fold=``, ``-convt=cudnn``,
-    ``-skinny=0``, ``-unitfill=0``, ``-gemmrows=N``, ``-unitconv=N``, ``-convtk=N``, ``-attn=N``) as the model's
+    ``-skinny=0``, ``-unitfill=0``, ``-gemmrows=N``, ``-unitconv=N``, ``-unitwindow=N``, ``-convtk=N``, ``-attn=N``) as the model's
     :class:`LayerChoices`, each field the default unless its suffix is there; returns the name
     without them."""
     name, *settings = re.split(r"-(?=\w+=)", layout)  # a value may hold a hyphen: fold=multi-row
