@@ -355,7 +355,8 @@ def _kernel(name: str, device_index: int, smem: int):
     from torch.cuda import _utils
 
     with torch.cuda.device(device_index):
-        ptx, _ = _utils._nvrtc_compile(SOURCE, name, "90a", nvcc_options=["-std=c++17"])
+        out = _utils._nvrtc_compile(SOURCE, name, "90a", nvcc_options=["-std=c++17"])
+        ptx = out[0] if isinstance(out, tuple) else out  # (ptx, lowered name) in newer torch
         kern = _utils._cuda_load_module(ptx, [name])[name]
     if hasattr(kern, "set_shared_memory_config"):
         kern.set_shared_memory_config(smem)
