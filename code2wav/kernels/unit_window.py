@@ -374,7 +374,7 @@ def unit_window(xx: Tensor, x: Tensor, wpack: Tensor, params: Tensor, dilation: 
     B, Cx, L = x.shape
     if Cx != C or x.dtype != torch.bfloat16 or xx.dtype != torch.bfloat16:
         raise ValueError(f"unit_window takes bf16 {C}-channel activations, got {Cx} channels of {x.dtype}")
-    if xx.stride()[1:] != (1, C) or x.stride()[1:] != (1, C) or xx.data_ptr() % 16 or xx.stride(0) % 8:
+    if xx.stride()[1:] != (1, C) or x.stride(1) != 1 or (L > 1 and x.stride(2) != C) or xx.data_ptr() % 16 or xx.stride(0) % 8:
         raise ValueError("unit_window reads channels-last xx and x, xx's rows 16-byte aligned")
     if xx.shape[-1] < L + (TAPS - 1) * dilation:
         raise ValueError(f"xx has {xx.shape[-1]} samples, the conv needs {L + (TAPS - 1) * dilation}")
