@@ -48,9 +48,13 @@ def bf16(w):
     return {k: v.to(torch.bfloat16) for k, v in w.items()}
 
 
+def packed(wb) -> tuple[torch.Tensor, torch.Tensor]:
+    return unit_window.pack(wb["w1"], wb["w2"], wb["b1"], wb["alpha"], wb["beta"], wb["b2"])
+
+
 def check(w, shapes, dilations) -> bool:
     wb = bf16(w)
-    wpack, params = unit_window.pack(wb["w1"], wb["w2"], wb["b1"], wb["alpha"], wb["beta"], wb["b2"])
+    wpack, params = packed(wb)
     ok = True
     for (B, L) in shapes:
         for d in dilations:
@@ -74,7 +78,7 @@ def check(w, shapes, dilations) -> bool:
 
 def timings(w, shapes, replays: int) -> None:
     wb = bf16(w)
-    wpack, params = unit_window.pack(wb["w1"], wb["w2"], wb["b1"], wb["alpha"], wb["beta"], wb["b2"])
+    wpack, params = packed(wb)
     print("rows x frames, d: the Triton unit and each window kernel, us (TFLOP/s)")
     for (B, T) in shapes:
         for d in (1, 9):

@@ -19,7 +19,7 @@ in registers, is rounded once to bf16, and is the register operand of the 1x1 co
 bias and the residual ``x`` join that accumulator before the one rounding to the output.
 
 Two warpgroups each own 64 of a tile's samples; every thread also issues the copies of the next
-tile's window, which run during this tile's products. bf16 only, 96 channels, ``d <= 14``.
+tile's window, which run during this tile's products. bf16 only, 96 channels, ``d <= MAX_DILATION``.
 """
 
 from __future__ import annotations
@@ -31,12 +31,14 @@ from torch import Tensor
 
 from code2wav.kernels import instant
 from code2wav.kernels.snake import is_channels_last
+from code2wav.kernels.unit import sm_count
 
 C = 96  # channels: the kernel's N, 12 chunks of 8
 TAPS = 7
 TILE = 128  # output samples a tile (two warpgroups of 64)
 THREADS = 256
 SMEM_LIMIT = 232_448  # H100/H200 per-block opt-in maximum
+MAX_DILATION = 14  # the largest whose two windows fit beside the weights (smem_bytes <= SMEM_LIMIT)
 _W1_BYTES = TAPS * C * C * 2
 _W2_BYTES = C * C * 2
 _PARAM_BYTES = 4 * C * 4  # b1, e^alpha, 1 / (e^beta + 1e-9), b2 (fp32)
@@ -383,10 +385,10 @@ def unit_window(xx: Tensor, x: Tensor, wpack: Tensor, params: Tensor, dilation: 
         raise ValueError(f"dilation {dilation} needs {smem} bytes of shared memory, over {SMEM_LIMIT}")
     y = torch.empty(B, L, C, device=x.device, dtype=x.dtype)
     ntiles = B * -(-L // TILE)
-    grid = min(ntiles, torch.cuda.get_device_properties(x.device).multi_processor_count)
+    grid = min(ntiles, sm_count(x.device))
     if kernel not in KERNELS or (mode == 1 and kernel != "unit_window"):
         raise ValueError(f"kernel must be one of {KERNELS} (mode=1: unit_window), got {kernel!r}")
-    kern = _kernel(kernel, x.device.index or 0, smem_bytes(14))
+    kern = _kernel(kernel, x.device.index or 0, smem_bytes(MAX_DILATION))  # one opt-in serves every dilation
     kern(grid=(grid, 1, 1), block=(THREADS, 1, 1), shared_mem=smem,
          args=[xx, x, wpack, params, y, xx.stride(0), x.stride(0), xx.shape[-1], B, L, dilation,
                window_rows(dilation), mode])
