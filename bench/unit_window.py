@@ -36,12 +36,12 @@ def inputs(B: int, L: int, d: int, seed: int = 1) -> tuple[torch.Tensor, torch.T
 
 
 def reference(xx, x, w, d: int, conv_only: bool = False) -> torch.Tensor:
-    h = F.conv1d(xx.float(), w["w1"].float(), w["b1"], dilation=d)
+    h = F.conv1d(xx.float(), w["w1"].float(), w["b1"].float(), dilation=d)
     if conv_only:
         return h
-    a, inv_b = w["alpha"].exp()[:, None], 1.0 / (w["beta"].exp()[:, None] + 1e-9)
+    a, inv_b = w["alpha"].float().exp()[:, None], 1.0 / (w["beta"].float().exp()[:, None] + 1e-9)
     h = (h + inv_b * torch.sin(h * a) ** 2).to(torch.bfloat16).float()
-    return x.float() + F.conv1d(h, w["w2"].float(), w["b2"])
+    return x.float() + F.conv1d(h, w["w2"].float(), w["b2"].float())
 
 
 def bf16(w):
