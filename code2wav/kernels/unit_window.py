@@ -19,7 +19,10 @@ in registers, is rounded once to bf16, and is the register operand of the 1x1 co
 bias and the residual ``x`` join that accumulator before the one rounding to the output.
 
 Two warpgroups each own 64 of a tile's samples; every thread also issues the copies of the next
-tile's window, which run during this tile's products. bf16 only, 96 channels, ``d <= MAX_DILATION``.
+tile's window, which run during this tile's products. Two forms: ``unit_window`` (the engine's:
+one tile's conv, tail and store, then the next) and ``unit_window_pipe`` (the next tile's conv
+products issued before this tile's tail; slower per unit in bench/unit_window.py, kept for that
+A/B). bf16 only, 96 channels, ``d <= MAX_DILATION``.
 """
 
 from __future__ import annotations
@@ -349,7 +352,7 @@ def pack(w1: Tensor, w2: Tensor, b1: Tensor, alpha: Tensor, beta: Tensor, b2: Te
     return wpack, params
 
 
-KERNELS = ("unit_window_pipe", "unit_window")  # the pipelined form (the default) and one tile at a time
+KERNELS = ("unit_window", "unit_window_pipe")  # one tile at a time (the engine's) and the pipelined form
 
 
 @functools.cache
@@ -372,7 +375,8 @@ def _kernel(name: str, device_index: int, smem: int):
 def unit_window(xx: Tensor, x: Tensor, wpack: Tensor, params: Tensor, dilation: int, mode: int = 0,
                 kernel: str = KERNELS[0]) -> Tensor:
     """A 96-channel residual unit, as kernels/unit_conv.unit_conv computes it, from ``pack``'s
-    weights. ``mode=1``: the k=7 conv plus ``b1`` alone (tests; one-tile-at-a-time kernel only)."""
+    weights. ``mode=1``: the k=7 conv plus ``b1`` alone (tests; one-tile-at-a-time kernel only).
+    ``kernel``: one of ``KERNELS``."""
     B, Cx, L = x.shape
     if Cx != C or x.dtype != torch.bfloat16 or xx.dtype != torch.bfloat16:
         raise ValueError(f"unit_window takes bf16 {C}-channel activations, got {Cx} channels of {x.dtype}")
