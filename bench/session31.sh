@@ -4,9 +4,9 @@
 #   bash bench/session31.sh a   the quick GPU checks at the new default (its bf16 stream, and the
 #                               Triton units' beside it), then the record alternating the default and
 #                               the Triton units (unit_window_rows=0), twice
-#   bash bench/session31.sh b   every GPU check (graph == eager at every captured shape, with the
-#                               window unit in them), then `code2wav serve` from a cold start to its
-#                               first audio twice (a fresh machine's caches, then warm ones)
+#   bash bench/session31.sh b   `code2wav serve` from a cold start to its first audio on a fresh
+#                               machine, every GPU check (graph == eager at every captured shape, the
+#                               window unit in them), then the cold start again (caches warm)
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 case "${1:-}" in
@@ -20,13 +20,15 @@ a)
   keep_triton_cache
   ;;
 b)
-  stamp "every GPU check"
-  timeout 280 python3 bench/gpu_check.py 2>&1 | grep -v Warning | tee "$OUT/gpu_check.txt" | grep -E "FAIL|SUMMARY" | tee -a "$log"
-  for i in 1 2; do
-    stamp "serve from a cold start to its first audio: start $i"
+  cold() {
+    stamp "serve from a cold start to its first audio: $1"
     COLD_START_UNTIL="first audio" timeout 120 python3 bench/cold_start.py serve --device cuda --dtype bfloat16 --max-streams 256 2>&1 \
-      | tee "$OUT/cold_start_$i.txt" | tail -4 | tee -a "$log"
-  done
+      | tee "$OUT/cold_start_$1.txt" | tail -4 | tee -a "$log"
+  }
+  cold fresh
+  stamp "every GPU check"
+  timeout 300 python3 bench/gpu_check.py 2>&1 | grep -v Warning | tee "$OUT/gpu_check.txt" | grep -E "FAIL|SUMMARY" | tee -a "$log"
+  cold restart
   ;;
 *)
   echo "usage: bash bench/session31.sh a|b" >&2; exit 2 ;;
