@@ -7,6 +7,9 @@
 #   bash bench/session31.sh b   `code2wav serve` from a cold start to its first audio on a fresh
 #                               machine, every GPU check (graph == eager at every captured shape, the
 #                               window unit in them), then the cold start again (caches warm)
+#   bash bench/session31.sh c   the service from a cold start, then at load from 4 client processes (1 x 1,
+#                               4 x 16, 4 x 64 on kept connections, 4 x 64 a connection each), in-process
+#                               1 / 64 / 256 on the same start, and a large step's layers (bench/layer_times.py)
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 case "${1:-}" in
@@ -30,6 +33,17 @@ b)
   timeout 300 python3 bench/gpu_check.py 2>&1 | grep -v Warning | tee "$OUT/gpu_check.txt" | grep -E "FAIL|SUMMARY" | tee -a "$log"
   cold restart
   ;;
+c)
+  stamp "the service: cold start, then load"
+  loads='for spec in "1 1 --reuse-connections" "4 16 --reuse-connections" "4 64 --reuse-connections" "4 64"; do
+    set -- $spec; n=$1; w=$2; shift 2; echo "=== service: $n procs x $w streams, prefix 0 $*";
+    timeout 40 python3 bench/service_load.py http://127.0.0.1:8091 $n $w 8 --prefix 0 "$@" | tee -a '"$OUT"'/service_load.jsonl | cut -c1-240; done'
+  timeout 220 python3 bench/cold_start.py serve --then "$loads" --device cuda --dtype bfloat16 --max-streams 256 2>&1 \
+    | tee "$OUT/fullload.txt" | grep -v '^{"' | tee -a "$log"
+  sustained_levels inprocess
+  stamp "a 16 x 25 and a 20 x 25 step, layer by layer"
+  timeout 150 python3 bench/layer_times.py bfloat16 16x25,20x25 2>&1 | grep -v Warning | tee "$OUT/layer_times.txt" | tail -n 60
+  ;;
 *)
-  echo "usage: bash bench/session31.sh a|b" >&2; exit 2 ;;
+  echo "usage: bash bench/session31.sh a|b|c" >&2; exit 2 ;;
 esac
