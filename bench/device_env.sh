@@ -25,3 +25,14 @@ sustained_levels() {
     | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/$name.txt" | grep -A4 "^mode" | tee -a "$log"
   rm -f "$OUT/$name/plot.png"
 }
+# The service from a cold start, then at load from 4 client processes once ready: 1 x 1, 4 x 16,
+# 4 x 64 WebSocket streams on kept connections, 4 x 64 with a connection per stream ($1: seconds
+# the whole run may take).
+service_at_load() {
+  stamp "the service: cold start, then load"
+  local loads='for spec in "1 1 --reuse-connections" "4 16 --reuse-connections" "4 64 --reuse-connections" "4 64"; do
+    set -- $spec; n=$1; w=$2; shift 2; echo "=== service: $n procs x $w streams, prefix 0 $*";
+    timeout 40 python3 bench/service_load.py http://127.0.0.1:8091 $n $w 8 --prefix 0 "$@" | tee -a '"$OUT"'/service_load.jsonl | cut -c1-240; done'
+  timeout "$1" python3 bench/cold_start.py serve --then "$loads" --device cuda --dtype bfloat16 --max-streams 256 2>&1 \
+    | tee "$OUT/fullload.txt" | grep -v '^{"' | tee -a "$log"
+}

@@ -8,12 +8,7 @@
 # ran it alone, without them: the command in BENCHMARKS.md, "Against the peers".)
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
-stamp "the service: cold start, then load"
-loads='for spec in "1 1 --reuse-connections" "4 16 --reuse-connections" "4 64 --reuse-connections" "4 64"; do
-  set -- $spec; n=$1; w=$2; shift 2; echo "=== service: $n procs x $w streams, prefix 0 $*";
-  timeout 40 python3 bench/service_load.py http://127.0.0.1:8091 $n $w 8 --prefix 0 "$@" | tee -a '"$OUT"'/service_load.jsonl | cut -c1-240; done'
-timeout 200 python3 bench/cold_start.py serve --then "$loads" --device cuda --dtype bfloat16 --max-streams 256 2>&1 \
-  | tee "$OUT/fullload.txt" | grep -v '^{"' | tee -a "$log"
+service_at_load 200
 stamp "in-process 1 / 64 / 256"
 timeout 130 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 1,64,256 --seconds 3 --out "$OUT/inprocess" 2>&1 \
   | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/inprocess.txt" | grep -A4 "^mode" | tee -a "$log"

@@ -34,12 +34,7 @@ b)
   cold restart
   ;;
 c)
-  stamp "the service: cold start, then load"
-  loads='for spec in "1 1 --reuse-connections" "4 16 --reuse-connections" "4 64 --reuse-connections" "4 64"; do
-    set -- $spec; n=$1; w=$2; shift 2; echo "=== service: $n procs x $w streams, prefix 0 $*";
-    timeout 40 python3 bench/service_load.py http://127.0.0.1:8091 $n $w 8 --prefix 0 "$@" | tee -a '"$OUT"'/service_load.jsonl | cut -c1-240; done'
-  timeout 220 python3 bench/cold_start.py serve --then "$loads" --device cuda --dtype bfloat16 --max-streams 256 2>&1 \
-    | tee "$OUT/fullload.txt" | grep -v '^{"' | tee -a "$log"
+  service_at_load 220
   sustained_levels inprocess
   stamp "a 16 x 25 and a 20 x 25 step, layer by layer"
   timeout 150 python3 bench/layer_times.py bfloat16 16x25,20x25 2>&1 | grep -v Warning | tee "$OUT/layer_times.txt" | tail -n 60
