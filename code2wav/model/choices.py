@@ -45,7 +45,8 @@ class LayerChoices:
     # both convs' weights resident in shared memory, each tile's input window copied once and
     # read by all seven taps) in steps of at least this many output samples (0: never, and
     # ``unit_conv_rows`` decides). bf16 on sm90 only; elsewhere ``unit_conv_rows`` decides.
-    # 1: every step (bench/replay_ab.py found it faster than the Triton unit at every shape it timed).
+    # 1: every step (bench/replay_ab.py: faster than the Triton unit at multi-row steps, one-frame
+    # steps the same within noise).
     unit_window_rows: int = 1
     # A ConvTranspose upsampler with history (k = 2s) as one Triton GEMM over row pairs
     # (kernels/convt.py) in steps of at least this many input rows (0: never; its two cuBLAS
