@@ -1,5 +1,7 @@
 """The decoder's output conv (96 channels -> 1, k=7) on the GPU: ``kernels/mono_conv.py`` over a
-sweep of its time tile and warps, against cuDNN's conv1d, at a step's shape.
+sweep of its time tile and warps, against cuDNN's conv1d, at a step's shape; then the history
+concat and the conv, against ``mono_conv_history`` reading the history itself (its rows per
+program swept), with a pool and each row's new frames.
 argv: [rows x frames per step, default 16x25] [dtype, default bfloat16]."""
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import torch.nn.functional as F
 from gpu_timing import timed  # bench/ is the script's directory, first on sys.path
 
 from code2wav.kernels import mono_conv
+from code2wav.kernels.history import history_cat
 from code2wav.kernels.snake import to_layout
 
 C, K, SAMPLES_PER_FRAME = 96, 7, 1920
@@ -39,7 +42,34 @@ def main() -> int:
     best = min(results, key=results.get)
     print(f"best {best}: {results[best]:.1f} us; default ({mono_conv.BLOCK_T}, {mono_conv.NUM_WARPS}) "
           f"{results.get((mono_conv.BLOCK_T, mono_conv.NUM_WARPS), float('nan')):.1f} us")
+    reading_the_history(rows, frames, dtype)
     return 0
+
+
+def reading_the_history(rows: int, frames: int, dtype: torch.dtype) -> None:
+    H = K - 1
+    g = torch.Generator().manual_seed(0)
+    x = to_layout(torch.randn(rows, C, frames * SAMPLES_PER_FRAME, generator=g).to(dtype).cuda(), True)
+    w = to_layout(torch.randn(1, C, K, generator=g).to(dtype).cuda() * 0.1, True)
+    b = torch.randn(1, generator=g).to(dtype).cuda()
+    act = (torch.randn(C, generator=g).cuda() * 0.3, torch.randn(C, generator=g).cuda() * 0.3)
+    pool = torch.randn(rows + 1, C, H, generator=g).to(dtype).cuda()
+    slots = torch.arange(rows, device="cuda")
+    n_new = torch.randint(0, frames + 1, (rows,), generator=g).cuda()
+    pool_ref, pool_got = pool.clone(), pool.clone()
+    ref = mono_conv.mono_conv(history_cat(x, H, pool_ref, slots, act, n_new=n_new, rate=SAMPLES_PER_FRAME), w, b)
+    got = mono_conv.mono_conv_history(x, w, b, 1, act, pool_got, slots, n_new, SAMPLES_PER_FRAME)
+    print(f"reading the history: max difference {(got.float() - ref.float()).abs().max().item():.3g} "
+          f"(peak {ref.float().abs().max().item():.3g}), pools {'the same' if torch.equal(pool_got, pool_ref) else 'DIFFER'}")
+    n_new.fill_(frames)
+    cat = timed(lambda: history_cat(x, H, pool, slots, act, n_new=n_new, rate=SAMPLES_PER_FRAME))
+    xx = history_cat(x, H, pool, slots, act, n_new=n_new, rate=SAMPLES_PER_FRAME)
+    conv = timed(lambda: mono_conv.mono_conv(xx, w, b))
+    line = f"history concat {cat:.1f} + conv {conv:.1f} = {cat + conv:.1f} us; reading the history, by rows per program:"
+    for block_r in (64, 128, 256):
+        us = timed(lambda: mono_conv.mono_conv_history(x, w, b, 1, act, pool, slots, n_new, SAMPLES_PER_FRAME, block_r=block_r))  # noqa: B023
+        line += f" {block_r}: {us:.1f} us"
+    print(line + f" (default {mono_conv.BLOCK_R})", flush=True)
 
 
 if __name__ == "__main__":

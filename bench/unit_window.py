@@ -1,8 +1,10 @@
 """The 96-channel unit as a CUDA C++ wgmma kernel (``code2wav/kernels/unit_window.py``) against
-kernels/unit_conv.py's Triton unit, on the GPU: the conv alone (``mode=1``) and the whole unit
+kernels/unit_conv.py's Triton unit, on the GPU: the conv alone (``conv_only``) and the whole unit
 against a float32 unit (SNR, max error), at each dilation and at step shapes from one frame to
-20 x 25 (ragged lengths included), then both kernels' graph-replayed time. argv: [shapes, default
-1x1,16x1,1x25,16x25,20x25] [replays of each timing, default 10].
+16 x 25 (ragged lengths included); then the window the kernel fills itself (the history read
+from the pool, act1 applied, the new history written back) against the history concat
+(kernels/history.py) and the kernel reading it: outputs and pools the same; then the graph-replayed
+time of each. argv: [shapes, default 1x1,16x1,1x25,16x25,20x25] [replays of each timing, default 10].
 """
 
 from __future__ import annotations
@@ -15,16 +17,19 @@ from gpu_timing import timed_in_graph  # bench/ is the script's directory, first
 from unit_tail import snr
 
 from code2wav.kernels import unit_conv, unit_window
+from code2wav.kernels.history import history_cat
 
 C, K = 96, 7
 SPF = 1920  # samples per frame at 96 channels
+SLOTS = 40  # the pool's rows in the history checks; the last one is the scratch slot
 
 
 def weights(seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     r = lambda *s, scale=1.0: (torch.randn(*s, generator=g) * scale).cuda()  # noqa: E731
     return dict(w1=r(C, C, K, scale=(C * K) ** -0.5), b1=r(C, scale=0.1), alpha=r(C, scale=0.2),
-                beta=r(C, scale=0.2), w2=r(C, C, 1, scale=C ** -0.5), b2=r(C, scale=0.1))
+                beta=r(C, scale=0.2), w2=r(C, C, 1, scale=C ** -0.5), b2=r(C, scale=0.1),
+                alpha1=r(C, scale=0.2), beta1=r(C, scale=0.2))
 
 
 def inputs(B: int, L: int, d: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,6 +38,18 @@ def inputs(B: int, L: int, d: int, seed: int = 1) -> tuple[torch.Tensor, torch.T
     xx = torch.randn(B, (K - 1) * d + L, C, generator=g).to(torch.bfloat16).cuda().transpose(1, 2)
     x = torch.randn(B, L, C, generator=g).to(torch.bfloat16).cuda().transpose(1, 2)
     return xx, x
+
+
+def history(B: int, L: int, d: int, rate: int, seed: int = 2):
+    """A pool of random histories, ``B`` rows on distinct slots but the last two (padding rows on
+    the scratch slot, no new frames), ragged new frames of ``rate`` samples within ``L``."""
+    g = torch.Generator().manual_seed(seed)
+    pool = torch.randn(SLOTS, C, (K - 1) * d, generator=g).to(torch.bfloat16).cuda()
+    slots = torch.randperm(SLOTS - 1, generator=g)[:B]
+    n_new = torch.randint(0, L // rate + 1, (B,), generator=g)
+    if B > 2:
+        slots[-2:], n_new[-2:] = SLOTS - 1, 0
+    return pool, slots.cuda(), n_new.cuda()
 
 
 def reference(xx, x, w, d: int, conv_only: bool = False) -> torch.Tensor:
@@ -49,7 +66,11 @@ def bf16(w):
 
 
 def packed(wb) -> tuple[torch.Tensor, torch.Tensor]:
-    return unit_window.pack(wb["w1"], wb["w2"], wb["b1"], wb["alpha"], wb["beta"], wb["b2"])
+    return unit_window.pack(*(wb[k] for k in ("w1", "w2", "b1", "alpha", "beta", "b2", "alpha1", "beta1")))
+
+
+def diff(a: torch.Tensor, b: torch.Tensor) -> str:
+    return f"{(a.float() != b.float()).sum().item()} of {a.numel()} differ, max {(a.float() - b.float()).abs().max().item():.3g}"
 
 
 def check(w, shapes, dilations) -> bool:
@@ -59,39 +80,66 @@ def check(w, shapes, dilations) -> bool:
     for (B, L) in shapes:
         for d in dilations:
             xx, x = inputs(B, L, d)
-            conv = unit_window.unit_window(xx, x, wpack, params, d, mode=1, kernel="unit_window")
+            conv = unit_window.unit_window(x, wpack, params, d, xx=xx, conv_only=True)
             ref_c = reference(xx, x, wb, d, conv_only=True)
             ref = reference(xx, x, wb, d)
             tri = unit_conv.unit_conv(xx, x, wb["w1"], d, wb["b1"], wb["alpha"], wb["beta"], wb["w2"], wb["b2"])
-            s_conv, s_tri = snr(ref_c, conv), snr(ref, tri)
-            line = f"B={B:3d} L={L:6d} d={d}: conv {s_conv:5.1f} dB (max {(conv.float() - ref_c).abs().max().item():.3g}), triton {s_tri:5.1f} dB"
-            good = s_conv > 45
-            for name in unit_window.KERNELS:
-                y = unit_window.unit_window(xx, x, wpack, params, d, kernel=name)
-                s_unit = snr(ref, y)
-                good &= s_unit > 40 and s_unit > s_tri - 1.0
-                line += f"; {name} {s_unit:5.1f} dB (vs triton max {(y.float() - tri.float()).abs().max().item():.3g})"
+            y = unit_window.unit_window(x, wpack, params, d, xx=xx)
+            s_conv, s_tri, s_unit = snr(ref_c, conv), snr(ref, tri), snr(ref, y)
+            good = s_conv > 45 and s_unit > 40 and s_unit > s_tri - 1.0
+            print(f"B={B:3d} L={L:6d} d={d}: conv {s_conv:5.1f} dB (max {(conv.float() - ref_c).abs().max().item():.3g}), "
+                  f"triton {s_tri:5.1f} dB; window from xx {s_unit:5.1f} dB (vs triton max {(y.float() - tri.float()).abs().max().item():.3g})"
+                  + ("  ok" if good else "  FAIL"), flush=True)
             ok &= good
-            print(line + ("  ok" if good else "  FAIL"), flush=True)
+            ok &= check_history(x, wb, wpack, params, d, L // 10 if L < SPF else SPF)
     return ok
+
+
+def check_history(x, wb, wpack, params, d: int, rate: int) -> bool:
+    """The window filled by the kernel against the history concat's: no pool (zeros), then a
+    pool with ragged new frames; the outputs and the pools written back."""
+    B, _, L = x.shape
+    H, act1 = (K - 1) * d, (wb["alpha1"], wb["beta1"])
+    xx0 = history_cat(x, H, act=act1)
+    y0, y = unit_window.unit_window(x, wpack, params, d, xx=xx0), unit_window.unit_window(x, wpack, params, d)
+    pool, slots, n_new = history(B, L, d, rate)
+    pool_ref, pool_got = pool.clone(), pool.clone()
+    xx1 = history_cat(x, H, pool_ref, slots, act1, n_new=n_new, rate=rate)
+    y1 = unit_window.unit_window(x, wpack, params, d, xx=xx1)
+    y1_got = unit_window.unit_window(x, wpack, params, d, pool=pool_got, slots=slots, n_new=n_new, rate=rate)
+    ref = reference(xx1, x, wb, d)
+    s_ref, s_got = snr(ref, y1), snr(ref, y1_got)
+    # Exactly the same, but for SnakeBeta's e^alpha: torch's (the packed parameters) vs Triton's
+    # exp in the concat, which may differ in a last fp32 bit, and move a rounding to bf16.
+    near = lambda a, b: ((a.float() - b.float()).abs() <= 2 ** -7 * b.float().abs() + 1e-6).all().item()  # noqa: E731
+    good = near(y, y0) and near(y1_got, y1) and near(pool_got, pool_ref) and s_got > s_ref - 0.1
+    print(f"      history d={d} rate={rate}: zeros: {diff(y, y0)}; pool: out {diff(y1_got, y1)}, "
+          f"{s_got:5.1f} vs {s_ref:5.1f} dB; pool written: {diff(pool_got, pool_ref)}" + ("  ok" if good else "  FAIL"), flush=True)
+    return good
 
 
 def timings(w, shapes, replays: int) -> None:
     wb = bf16(w)
     wpack, params = packed(wb)
-    print("rows x frames, d: the Triton unit and each window kernel, us (TFLOP/s)")
+    act1 = (wb["alpha1"], wb["beta1"])
+    print("rows x frames, d: the Triton unit; the history concat, the window unit from it, both; the window unit "
+          "reading the history itself, us (TFLOP/s)")
     for (B, T) in shapes:
         for d in (1, 9):
             L = T * SPF
             xx, x = inputs(B, L, d)
+            pool = torch.zeros(B + 1, C, (K - 1) * d, dtype=torch.bfloat16, device="cuda")
+            slots, n_new = torch.arange(B, device="cuda"), torch.full((B,), T, device="cuda")
             tri = timed_in_graph(lambda: unit_conv.unit_conv(xx, x, wb["w1"], d, wb["b1"], wb["alpha"], wb["beta"],
                                                               wb["w2"], wb["b2"]), calls=20, replays=replays)
+            cat = timed_in_graph(lambda: history_cat(x, (K - 1) * d, pool, slots, act1, n_new=n_new, rate=SPF),  # noqa: B023
+                                 calls=20, replays=replays)
+            win = timed_in_graph(lambda: unit_window.unit_window(x, wpack, params, d, xx=xx), calls=20, replays=replays)  # noqa: B023
+            fused = timed_in_graph(lambda: unit_window.unit_window(x, wpack, params, d, pool=pool, slots=slots,  # noqa: B023
+                                                                   n_new=n_new, rate=SPF), calls=20, replays=replays)
             flop = 2 * B * L * C * C * (K + 1)
-            line = f"{B:3d} x {T:2d}, d={d}: triton {tri:8.1f} us"
-            for name in unit_window.KERNELS:
-                win = timed_in_graph(lambda: unit_window.unit_window(xx, x, wpack, params, d, kernel=name), calls=20, replays=replays)  # noqa: B023
-                line += f"; {name} {win:8.1f} us ({flop / win / 1e6:5.1f} TFLOP/s)"
-            print(line, flush=True)
+            print(f"{B:3d} x {T:2d}, d={d}: triton {tri:8.1f}; concat {cat:7.1f} + window {win:8.1f} ({flop / win / 1e6:5.1f}) "
+                  f"= {cat + win:8.1f}; reading the history {fused:8.1f} ({flop / fused / 1e6:5.1f})", flush=True)
 
 
 def main() -> int:
@@ -99,7 +147,7 @@ def main() -> int:
     replays = int(sys.argv[2]) if len(sys.argv) > 2 else 10
     w = weights()
     print(f"smem {unit_window.smem_bytes(9)} B at d=9; {torch.cuda.get_device_name()}", flush=True)
-    ok = check(w, [(1, SPF), (3, 1000), (16, 25 * SPF)], (1, 3, 8, 9))
+    ok = check(w, [(1, SPF), (3, 1000), (16, 25 * SPF)], (1, 3, 8, 9, unit_window.MAX_DILATION))
     timings(w, shapes, replays)
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1

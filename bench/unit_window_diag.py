@@ -1,5 +1,5 @@
 """Where the window unit's conv goes wrong, if ``bench/unit_window.py`` fails: the conv alone
-(``mode=1``) with one tap's weight the identity, so each output should be one input element,
+(``conv_only``) with one tap's weight the identity, so each output should be one input element,
 ``y[t, c] = xx[t + tap * d, c]``. For each tap and dilation: how many outputs are exact, and for
 the first wrong ones, which input row of the same channel (and which channel of the expected row)
 holds their value. A wrong row offset points at the descriptors' row stepping, a wrong channel at
@@ -19,8 +19,7 @@ def probe(tap: int, d: int, L: int = 256) -> str:
     w1 = torch.zeros(C, C, K)
     w1[:, :, tap] = torch.eye(C)
     zero = torch.zeros(C)
-    wpack, params = unit_window.pack(w1.cuda(), torch.eye(C)[:, :, None].cuda(), zero.cuda(), zero.cuda(),
-                                     zero.cuda(), zero.cuda())
+    wpack, params = unit_window.pack(w1.cuda(), torch.eye(C)[:, :, None].cuda(), *[zero.cuda()] * 6)
     # a row's index (below 256: exact in bf16) signed by channel parity, a half added on odd
     # channel pairs (rounded to bf16 as the kernel sees it: past 128 the half may round away)
     rows = L + (K - 1) * d
@@ -30,7 +29,7 @@ def probe(tap: int, d: int, L: int = 256) -> str:
     xx = xx.to(torch.bfloat16).float()
     xxb = xx.to(torch.bfloat16).cuda()[None].transpose(1, 2)
     x = torch.zeros(1, L, C, dtype=torch.bfloat16, device="cuda").transpose(1, 2)
-    y = unit_window.unit_window(xxb, x, wpack, params, d, mode=1, kernel="unit_window")[0].float().t().cpu()
+    y = unit_window.unit_window(x, wpack, params, d, xx=xxb, conv_only=True)[0].float().t().cpu()
     want = xx[tap * d: tap * d + L]
     bad = (y != want).nonzero()
     line = f"tap {tap} d {d}: {L * C - len(bad)}/{L * C} exact"

@@ -38,6 +38,7 @@ def triton_on_cpu(monkeypatch):
     monkeypatch.setattr(snake, "BLOCK", 1 << 16)
     monkeypatch.setattr(snake, "MAX_TILE_EDGE", (1 << 14, 1 << 10))
     monkeypatch.setattr(mono_conv, "BLOCK_T", 4096)
+    monkeypatch.setattr(mono_conv, "BLOCK_R", 4096)
     monkeypatch.setattr(unit, "ACC_ELEMENTS", 1 << 24)
     monkeypatch.setattr(skinny, "MIN_WEIGHT", 0)  # the shrunk model's few-row float32 products too
     monkeypatch.setattr(skinny, "PROGRAMS", 2)  # few, wide programs: each finds a norm's RMS itself
@@ -186,6 +187,37 @@ def test_mono_conv_matches_conv1d(layout, dilation):
     w = laid_out(torch.randn(1, 96, 7, generator=g) * 0.1, layout)  # weights may be channels-last too
     bias = torch.randn(1, generator=g)
     assert close(mono_conv.mono_conv(x, w, bias, dilation), F.conv1d(x, w, bias, dilation=dilation), 1e-5)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dilation", [1, 3])
+@pytest.mark.parametrize("pooled", [False, True])
+def test_mono_conv_reading_its_history_matches_the_history_concat(layout, dilation, pooled):
+    """The output conv reading ``[history, act(x)]`` itself equals the history concat then
+    conv1d: programs of 32 or 64 input rows (each after the first starting 6 d rows before the
+    last one's end), slots out of order, ragged new frames (all, none, part), two padding rows on the
+    scratch slot; every slot of the pool afterwards equals the history concat's writes."""
+    g = torch.Generator().manual_seed(4)
+    B, C, L, rate = 5, 96, 150, 10
+    H, block_r = 6 * dilation, 32 if dilation == 1 else 64
+    x = laid_out(torch.randn(B, C, L, generator=g), layout)
+    w = laid_out(torch.randn(1, C, 7, generator=g) * 0.1, layout)
+    bias = torch.randn(1, generator=g)
+    act = (torch.randn(C, generator=g) * 0.3, torch.randn(C, generator=g) * 0.3)
+    if not pooled:
+        want = F.conv1d(history.history_cat(x, H, act=act), w, bias, dilation=dilation)
+        assert close(mono_conv.mono_conv_history(x, w, bias, dilation, act, block_r=block_r), want, 1e-5)
+        return
+    pool = torch.randn(7, C, H, generator=g)  # slot 6: the scratch slot
+    slots, n_new = torch.tensor([5, 0, 3, 6, 6]), torch.tensor([15, 0, 7, 0, 0])
+    want_pool, got_pool = pool.clone(), pool.clone()
+    want = F.conv1d(history.history_cat(x, H, want_pool, slots, act, n_new=n_new, rate=rate), w, bias, dilation=dilation)
+    got = mono_conv.mono_conv_history(x, w, bias, dilation, act, got_pool, slots, n_new, rate, block_r=block_r)
+    assert close(got, want, 1e-5)
+    assert torch.equal(got_pool, want_pool)
+    assert not torch.equal(got_pool, pool)  # rows with new frames moved on
+    with pytest.raises(ValueError, match="twice the history"):  # the next program would read the pool too
+        mono_conv.mono_conv_history(x, w, bias, dilation, act, block_r=2 * H - 1)
 
 
 @pytest.mark.parametrize(("C", "tiles"), [(C, t) for C in (16, 96) for t in ("one", "many", "early residual")]
@@ -466,7 +498,8 @@ def test_streaming_steps_through_the_kernels_equal_eager(monkeypatch, layout):
 
 def test_a_step_runs_one_history_kernel_per_stateful_layer(monkeypatch):
     """A streaming step reads and writes each layer's history in one launch: one history concat
-    per conv layer with history, one attention kernel per attention layer (a one-frame step:
+    per conv layer with history but the output conv, which reads its own (``read_history``), one
+    attention kernel per attention layer (a one-frame step:
     RoPE, the KV history, the mask and SDPA in one), and no separate write kernel (counted at the
     interpreter's launch; padding rows on the scratch slot included)."""
     from collections import Counter
@@ -493,8 +526,13 @@ def test_a_step_runs_one_history_kernel_per_stateful_layer(monkeypatch):
     attention = [mod for mod in stateful if isinstance(mod, Attention)]
     assert launches["_attend_kernel"] == len(attention) > 0
     assert launches["_rope_kv_cat_kernel"] == 0
-    assert launches["_history_cat_kernel"] == len(stateful) - len(attention) > 0
+    assert launches["_mono_conv_history_kernel"] == 1
+    assert launches["_history_cat_kernel"] == len(stateful) - len(attention) - 1 > 0
     assert not [name for name in launches if "write" in name]
+    launches.clear()
+    m.set_layer_choices(replace(m.layer_choices, read_history=False))
+    pool.run(m, codes, torch.tensor([1, 0, pool.scratch_slot]), torch.tensor([1, 1, 0]))
+    assert launches["_history_cat_kernel"] == len(stateful) - len(attention) and "_mono_conv_history_kernel" not in launches
 
 
 def _channels_last_copy(m):
@@ -960,4 +998,4 @@ def test_every_pdl_kernel_waits_before_touching_memory():
                 first = ast.unparse(body[0])
                 takers.append(node.name)
                 assert first == "wait_previous(PDL)", f"{mod.__name__}.{node.name} starts with {first!r}"
-    assert len(takers) == 12, takers
+    assert len(takers) == 13, takers

@@ -1,5 +1,5 @@
 """kernels/unit_window.py's host side, on CPU: the shared-memory image ``pack`` writes, the window's
-rows, and where the CUDA C++ unit may run. The kernel itself needs an sm90 GPU: its exactness
+rows, where the CUDA C++ unit may run and which histories it takes. The kernel itself needs an sm90 GPU: its exactness
 against a float32 unit and the Triton unit is ``bench/unit_window.py``'s (BENCHMARKS.md).
 """
 
@@ -17,9 +17,9 @@ C, K = uw.C, uw.TAPS
 def _weights(seed: int = 0) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     r = lambda *s, scale=1.0: (torch.randn(*s, generator=g, dtype=torch.float64) * scale)  # noqa: E731
-    # w1, w2, b1, alpha, beta, b2: pack's order
+    # w1, w2, b1, alpha, beta, b2, alpha1, beta1: pack's order
     return [r(C, C, K, scale=(C * K) ** -0.5), r(C, C, 1, scale=C ** -0.5), r(C, scale=0.1), r(C, scale=0.2),
-            r(C, scale=0.2), r(C, scale=0.1)]
+            r(C, scale=0.2), r(C, scale=0.1), r(C, scale=0.2), r(C, scale=0.2)]
 
 
 def _read_like_the_kernel(xx: torch.Tensor, x: torch.Tensor, wpack: torch.Tensor, params: torch.Tensor, d: int) -> torch.Tensor:
@@ -30,7 +30,7 @@ def _read_like_the_kernel(xx: torch.Tensor, x: torch.Tensor, wpack: torch.Tensor
     n1 = K * (C // 8) * C * 8
     img1 = wpack[:n1].double().view(K, C // 8, C, 8)
     img2 = wpack[n1:].double().view(C // 8, C, 8)
-    b1, a, inv_b, b2 = params.double()
+    b1, a, inv_b, b2 = params[:4].double()
     rows = xx.double().transpose(1, 2).reshape(B, T, C // 8, 8)
     h = sum(torch.einsum("bmce,cne->bmn", rows[:, j * d: j * d + L], img1[j]) for j in range(K)) + b1
     v = h + inv_b * torch.sin(a * h) ** 2
@@ -40,10 +40,13 @@ def _read_like_the_kernel(xx: torch.Tensor, x: torch.Tensor, wpack: torch.Tensor
 
 @pytest.mark.parametrize("d", [1, 3, 9])
 def test_pack_writes_the_image_the_kernel_reads(d):
-    w1, w2, b1, alpha, beta, b2 = [t.to(torch.bfloat16) for t in _weights()]
-    wpack, params = uw.pack(w1, w2, b1, alpha, beta, b2)
+    w1, w2, b1, alpha, beta, b2, alpha1, beta1 = [t.to(torch.bfloat16) for t in _weights()]
+    wpack, params = uw.pack(w1, w2, b1, alpha, beta, b2, alpha1, beta1)
     assert wpack.dtype == torch.bfloat16 and wpack.numel() == (K + 1) * C * C
-    assert params.dtype == torch.float32 and params.shape == (4, C)
+    assert params.dtype == torch.float32 and params.shape == (uw.PARAMS, C)
+    # act1's rows, for the window the kernel fills from x: e^alpha1 and 1 / (e^beta1 + 1e-9)
+    torch.testing.assert_close(params[4], alpha1.double().exp().float())
+    torch.testing.assert_close(params[5], (1.0 / (beta1.double().exp() + 1e-9)).float())
     g = torch.Generator().manual_seed(1)
     B, L = 2, 200
     xx = torch.randn(B, C, (K - 1) * d + L, generator=g, dtype=torch.float64)
@@ -77,6 +80,31 @@ def test_applies_only_to_bf16_96_channel_units_on_a_gpu():
     assert not uw.applies(x, 0, 9)  # off
     assert uw.smem_bytes(uw.MAX_DILATION + 1) > uw.SMEM_LIMIT  # a dilation whose window does not fit is refused
     with pytest.raises(ValueError, match="96-channel"):
-        uw.unit_window(x[:, :64], x[:, :64], torch.zeros(1), torch.zeros(1), 1)
+        uw.unit_window(x[:, :64], torch.zeros(1), torch.zeros(1), 1)
     with pytest.raises(ValueError, match="bf16"):
-        uw.unit_window(x.float(), x.float(), torch.zeros(1), torch.zeros(1), 1)
+        uw.unit_window(x.float(), torch.zeros(1), torch.zeros(1), 1)
+    with pytest.raises(ValueError, match="channels-last x"):
+        uw.unit_window(x.contiguous(), torch.zeros(1), torch.zeros(1), 1)
+
+
+def test_the_history_it_reads_must_be_the_layers_pool_rows():
+    """Reading the history itself, the kernel indexes the pool as ``[slots, C, 6 d]`` with time
+    contiguous and reads int64 slots and frame counts, one per row: anything else is refused
+    before a launch."""
+    B, d = 2, 3
+    x = torch.zeros(B, 4000, C, dtype=torch.bfloat16).transpose(1, 2)
+    w = (torch.zeros(1), torch.zeros(1))
+    pool = torch.zeros(5, C, 6 * d, dtype=torch.bfloat16)
+    rows = torch.zeros(B, dtype=torch.long)
+    with pytest.raises(ValueError, match="pool"):
+        uw.unit_window(x, *w, d, pool=torch.zeros(5, C, 6 * 9, dtype=torch.bfloat16), slots=rows, n_new=rows)  # another dilation's
+    with pytest.raises(ValueError, match="pool"):
+        uw.unit_window(x, *w, d, pool=pool.float(), slots=rows, n_new=rows)
+    with pytest.raises(ValueError, match="pool"):
+        uw.unit_window(x, *w, d, pool=pool.transpose(1, 2).contiguous().transpose(1, 2), slots=rows, n_new=rows)
+    with pytest.raises(ValueError, match="slots"):
+        uw.unit_window(x, *w, d, pool=pool, slots=rows.int(), n_new=rows)
+    with pytest.raises(ValueError, match="n_new"):
+        uw.unit_window(x, *w, d, pool=pool, slots=rows, n_new=None)
+    with pytest.raises(ValueError, match="xx has"):
+        uw.unit_window(x, *w, d, xx=x)  # no room for the history

@@ -48,6 +48,11 @@ class LayerChoices:
     # 1: every step (bench/replay_ab.py: faster than the Triton unit at multi-row steps, one-frame
     # steps the same within noise).
     unit_window_rows: int = 1
+    # The window unit (above) and the output conv (kernels/mono_conv.py) read their input
+    # themselves: each row's history from the state pool, then SnakeBeta of the layer's input,
+    # and write the new history back (False: kernels/history.py's history concat first, an extra
+    # pass writing and reading the activation).
+    read_history: bool = True
     # A ConvTranspose upsampler with history (k = 2s) as one Triton GEMM over row pairs
     # (kernels/convt.py) in steps of at least this many input rows (0: never; its two cuBLAS
     # products, the second reading the output back). 1: every step, at the widths

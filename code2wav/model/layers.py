@@ -10,8 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from code2wav.kernels import convt, instant, skinny, unit, unit_conv, unit_window
-from code2wav.kernels.mono_conv import mono_conv
+from code2wav.kernels import convt, instant, mono_conv, skinny, unit, unit_conv, unit_window
 from code2wav.kernels.snake import bias_add, is_channels_last, residual_add, snake_beta, to_layout
 from code2wav.model.choices import DEFAULT_CHOICES, LayerChoices
 from code2wav.model.streaming import Step, StreamingLayer
@@ -59,10 +58,16 @@ class CausalConv1d(StreamingLayer):
         if instant.active() and (c.groups == 1 or c.groups == c.in_channels == c.out_channels):  # full or depthwise
             return self._by_taps(self._with_history(x, step, act, act_bias), bias, L)
         mono = self.conv.out_channels == 1 and add_bias  # the output conv: cuDNN is slow for one channel
+        pool = step.pool[self.state_key] if step is not None and self.history else None
+        if mono and self.choices.read_history and act_bias is None and mono_conv.reads_history(x, pool):
+            params = (act.alpha, act.beta) if act is not None else None
+            if pool is None:
+                return mono_conv.mono_conv_history(x, self.conv.weight, bias, d, params)
+            return mono_conv.mono_conv_history(x, self.conv.weight, bias, d, params, pool, step.slots, step.n_new, self.rate)
         folded = not mono and self.conv.groups == 1 and self.history > 0 and self._folds(d, len(x))
         xx = self._with_history(x, step, act, act_bias, multiple=d if folded else 1)
         if mono:
-            return mono_conv(xx, self.conv.weight, bias, d)
+            return mono_conv.mono_conv(xx, self.conv.weight, bias, d)
         if (not folded and self.conv.groups == 1 and len(x) * L <= self.choices.conv_gemm_rows
                 and is_channels_last(xx) and is_channels_last(self.conv.weight)):
             return self._as_gemm(xx, bias, L)
@@ -234,7 +239,7 @@ class ResidualUnit(nn.Module):
         whenever a source tensor moves or changes (never inside a graph capture: the warm-up's
         eager runs pack them before)."""
         c1, c2 = self.conv1.conv, self.conv2.conv
-        src = (c1.weight, c2.weight, c1.bias, self.act2.alpha, self.act2.beta, c2.bias)
+        src = (c1.weight, c2.weight, c1.bias, self.act2.alpha, self.act2.beta, c2.bias, self.act1.alpha, self.act1.beta)
         key = tuple((t.data_ptr(), t._version) for t in src)
         if self._window is None or self._window[0] != key:
             if torch.cuda.is_current_stream_capturing():
@@ -242,10 +247,21 @@ class ResidualUnit(nn.Module):
             self._window = (key, *unit_window.pack(*src))
         return self._window[1], self._window[2]
 
+    def _window_unit(self, x: Tensor, step: Step | None, d: int) -> Tensor:
+        """The CUDA C++ unit: by default it reads the history and applies act1 itself
+        (``LayerChoices.read_history``); otherwise after the history concat."""
+        pool = step.pool[self.conv1.state_key] if step is not None else None
+        if self.choices.read_history and (pool is None or pool.dtype == x.dtype):
+            if pool is None:
+                return unit_window.unit_window(x, *self.window_weights(), d)
+            return unit_window.unit_window(x, *self.window_weights(), d, pool=pool, slots=step.slots,
+                                           n_new=step.n_new, rate=self.conv1.rate)
+        return unit_window.unit_window(x, *self.window_weights(), d, xx=self.conv1._with_history(x, step, self.act1))
+
     def forward(self, x: Tensor, step: Step | None = None) -> Tensor:
         d = self.conv1.conv.dilation[0]
-        if unit_window.applies(x, self.choices.unit_window_rows, d):  # the history concat, then the CUDA C++ unit
-            return unit_window.unit_window(self.conv1._with_history(x, step, self.act1), x, *self.window_weights(), d)
+        if unit_window.applies(x, self.choices.unit_window_rows, d):
+            return self._window_unit(x, step, d)
         if unit_conv.applies(x, self.choices.unit_conv_rows):  # the history concat, then the rest in one kernel
             c1 = self.conv1.conv
             return unit_conv.unit_conv(self.conv1._with_history(x, step, self.act1), x, c1.weight, c1.dilation[0], c1.bias,

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Session 32 (repo root on the device): the window unit and the output conv read their own
+# history (LayerChoices.read_history, on by default): the pool rows and SnakeBeta of the
+# layer's input go straight into the window unit's shared-memory window or the output conv's
+# product, the new history back to the pool; no history concat before those four layers.
+#   bash bench/session32.sh a   both kernels against the history concat (bench/unit_window.py,
+#                               also against a float32 unit; bench/mono_conv.py), the quick GPU
+#                               checks, then the record alternating the default and
+#                               read_history=false, twice
+#   bash bench/session32.sh b   every GPU check, a 16 x 25 and a 20 x 25 step layer by layer,
+#                               the record again
+source bench/device_env.sh
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
+case "${1:-}" in
+a)
+  stamp "the window unit reading its history (bench/unit_window.py)"
+  timeout 150 python3 bench/unit_window.py "${2:-1x1,16x1,1x25,16x25,20x25,64x8}" 2>&1 | grep -v Warning | tee "$OUT/unit_window.txt" | tee -a "$log"
+  grep -q "^PASS" "$OUT/unit_window.txt" || exit 1
+  stamp "the output conv reading its history (bench/mono_conv.py)"
+  timeout 90 python3 bench/mono_conv.py 16x25 2>&1 | grep -v Warning | tee "$OUT/mono_conv.txt" | tail -4 | tee -a "$log"
+  stamp "the quick GPU checks"
+  timeout 180 python3 bench/gpu_check.py --quick 2>&1 | grep -v Warning | tee "$OUT/gpu_check.txt" | grep -E "FAIL|SUMMARY|96-channel" | tee -a "$log"
+  for i in 1 2; do
+    sustained_levels "default_$i"
+    sustained_levels "concat_$i" --set layers.read_history=false
+  done
+  keep_triton_cache
+  ;;
+b)
+  stamp "every GPU check"
+  timeout 300 python3 bench/gpu_check.py 2>&1 | grep -v Warning | tee "$OUT/gpu_check.txt" | grep -E "FAIL|SUMMARY" | tee -a "$log"
+  stamp "a 16 x 25 and a 20 x 25 step, layer by layer"
+  timeout 120 python3 bench/layer_times.py bfloat16 16x25,20x25 2>&1 | grep -v Warning | tee "$OUT/layer_times.txt" | tail -n 60
+  sustained_levels default_3
+  ;;
+*)
+  echo "usage: bash bench/session32.sh a|b" >&2; exit 2 ;;
+esac

@@ -1,0 +1,284 @@
+/* The CUDA C++ of kernels/unit_window.py (its docstring says what the kernel does); that module
+   prepends the typedefs and the wgmma wrappers mma_ss / mma_rs, and NVRTC compiles it for sm_90a. */
+#define C 96
+#define NACC 48          /* m64n96 fp32 accumulator: 48 values a thread */
+#define CHUNKS 12        /* 8-channel chunks */
+#define KSTEPS 6         /* k16 steps over C */
+#define TAPS 7
+#define TILE 128
+#define THREADS 256
+#define W1_BYTES (TAPS * CHUNKS * C * 16)
+#define W2_BYTES (CHUNKS * C * 16)
+#define PARAM_OFF (W1_BYTES + W2_BYTES)
+#define WIN_OFF (PARAM_OFF + 6 * C * 4)
+
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+  u32 r; asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p)); return r;
+}
+__device__ __forceinline__ void cp16(u32 dst, const void* src, u32 n) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(n) : "memory");
+}
+__device__ __forceinline__ uint4 ld16(const void* p) {  /* read-only for the whole launch */
+  uint4 v; asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p)); return v;
+}
+__device__ __forceinline__ void st_shared16(u32 a, uint4 v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" :: "r"(a), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+__device__ __forceinline__ void st_shared2(u32 a, u16 v) { asm volatile("st.shared.u16 [%0], %1;" :: "r"(a), "h"(v) : "memory"); }
+__device__ __forceinline__ u16 ld_shared2(u32 a) { u16 v; asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(a) : "memory"); return v; }
+__device__ __forceinline__ u64 desc(u32 addr, u32 lbo) {
+  /* no swizzle; LBO: the next 8 channels (K), SBO: the next 8 rows (M or N), 128 bytes */
+  return (u64)((addr & 0x3FFFF) >> 4) | ((u64)((lbo & 0x3FFFF) >> 4) << 16) | ((u64)(128 >> 4) << 32);
+}
+__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
+  u32 r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+__device__ __forceinline__ u16 to_bf16(float x) { u16 r; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(x)); return r; }
+__device__ __forceinline__ float sin_approx(float x) { float r; asm("sin.approx.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
+__device__ __forceinline__ float as_float(u32 u) { float f; asm("mov.b32 %0, %1;" : "=f"(f) : "r"(u)); return f; }
+__device__ __forceinline__ void fence_operand(float& x) { asm volatile("" : "+f"(x) :: "memory"); }
+/* SnakeBeta with e^alpha and 1 / (e^beta + 1e-9), in fp32 (kernels/snake.py's snake_value) */
+__device__ __forceinline__ float snake(float x, float a, float ib) { float s = sin_approx(x * a); return x + ib * s * s; }
+
+struct Src {  /* where a window's rows come from, and where the new history goes */
+  const u16* xx;            /* FROM_XX: the history concat [B][nxx][C], batch stride sxxb */
+  const u16* x;             /* FROM_X*: the unit's input [B][L][C], batch stride sxb */
+  u16* pool;                /* FROM_X_AND_POOL: [slots][C][H], slot stride spn, channel stride spc */
+  const long long* slots;
+  const long long* n_new;   /* frames of `rate` samples: the new history ends at n_new[b] * rate */
+  int kind, sxxb, nxx, sxb, L, H, spn, spc, rate;
+};
+
+/* Copy tile `tile`'s window: rows t0 .. t0 + TILE + 6 d of batch row b of xx, zero past nxx. */
+__device__ __forceinline__ void load_window(u32 buf, const Src& src, int ntr, int tile, int D, int wrows) {
+  int b = tile / ntr, t0 = (tile % ntr) * TILE;
+  int n = (TILE + (TAPS - 1) * D) * CHUNKS;
+  const u16* base = src.xx + (long long)b * src.sxxb;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    int r = i / CHUNKS, c = i - r * CHUNKS;
+    bool ok = t0 + r < src.nxx;
+    const u16* srcp = ok ? base + (long long)(t0 + r) * C + c * 8 : src.xx;
+    cp16(buf + (u32)(c * wrows + r) * 16, srcp, ok ? 16 : 0);
+  }
+}
+
+/* SnakeBeta of 8 bf16 channels (chunk c), rounded back to bf16; act: act1's e^alpha then
+   1 / (e^beta + 1e-9), as channel pairs */
+__device__ __forceinline__ u32 snake2(u32 w, float2 a, float2 ib) {
+  return pack_bf16(snake(as_float(w << 16), a.x, ib.x), snake(as_float(w & 0xffff0000u), a.y, ib.y));
+}
+__device__ __forceinline__ uint4 snake8(uint4 v, const float2* act, int c) {
+  const float2* ib = act + C / 2;
+  v.x = snake2(v.x, act[4 * c], ib[4 * c]); v.y = snake2(v.y, act[4 * c + 1], ib[4 * c + 1]);
+  v.z = snake2(v.z, act[4 * c + 2], ib[4 * c + 2]); v.w = snake2(v.w, act[4 * c + 3], ib[4 * c + 3]);
+  return v;
+}
+
+/* Fill tile `tile`'s window from x: row r is position t0 + r of [history, act1(x)], zero past
+   the row's end. The history rows (a row's first tile only, TILE >= H) come from the pool,
+   already activated, or are zeros without one. Four 16-byte loads a thread in flight at once. */
+__device__ __forceinline__ void fill_window(u32 buf, const Src& src, const float2* act, int ntr, int tile, int D, int wrows) {
+  const int b = tile / ntr, t0 = (tile % ntr) * TILE;
+  const int n = (TILE + (TAPS - 1) * D) * CHUNKS;
+  const bool pooled = src.kind == 2 && t0 == 0;
+  const u16* xb = src.x + (long long)b * src.sxb;
+  for (int i0 = threadIdx.x; i0 < n; i0 += 4 * THREADS) {
+    uint4 v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int i = i0 + u * THREADS, r = i / CHUNKS, s = t0 + r - src.H;
+      v[u] = make_uint4(0, 0, 0, 0);
+      if (i < n && s >= 0 && s < src.L) v[u] = ld16(xb + (long long)s * C + (i - r * CHUNKS) * 8);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int i = i0 + u * THREADS, r = i / CHUNKS, c = i - r * CHUNKS, s = t0 + r - src.H;
+      if (i >= n || (pooled && s < 0)) continue;
+      st_shared16(buf + (u32)(c * wrows + r) * 16, (s >= 0 && s < src.L) ? snake8(v[u], act, c) : v[u]);
+    }
+  }
+  if (pooled) {  /* time fastest: the pool is [C][H] per slot */
+    const u16* pb = src.pool + src.slots[b] * (long long)src.spn;
+    for (int i = threadIdx.x; i < src.H * C; i += THREADS) {
+      const int c = i / src.H, j = i - c * src.H;
+      st_shared2(buf + (u32)((c >> 3) * wrows + j) * 16 + (c & 7) * 2, pb[(long long)c * src.spc + j]);
+    }
+  }
+}
+
+/* Row b's new history into the pool: sample j is position n_new[b] * rate + j of [history,
+   act1(x)]. Run by the program of the row's first tile while `win` holds that tile's window, so
+   the old history it keeps (positions < H) is read from there, never from the pool it overwrites. */
+__device__ __forceinline__ void write_history(u32 win, const Src& src, const float2* act, int b, int wrows) {
+  const long long start = src.n_new[b] * src.rate;
+  u16* pb = src.pool + src.slots[b] * (long long)src.spn;
+  const u16* xb = src.x + (long long)b * src.sxb;
+  const float* a = (const float*)act;
+  for (int i = threadIdx.x; i < src.H * C; i += THREADS) {
+    const int c = i / src.H, j = i - c * src.H;
+    const long long p = start + j, s = p - src.H;
+    u16 v = 0;
+    if (s < 0) v = ld_shared2(win + (u32)((c >> 3) * wrows + p) * 16 + (c & 7) * 2);
+    else if (s < src.L) v = to_bf16(snake(as_float((u32)xb[s * C + c] << 16), a[c], a[C + c]));
+    pb[(long long)c * src.spc + j] = v;
+  }
+}
+
+struct Ctx {  /* what every phase of a program needs */
+  u32 w1s, w2s, win0, winsz;
+  const float2* sp2;  /* parameter rows as channel pairs: b1, e^alpha2, 1 / (e^beta2 + 1e-9), b2, act1's two */
+  int wg, q, row, ntr, D, wrows, L, sxb;
+};
+
+__device__ __forceinline__ u32 opaque(u32 v) { asm volatile("mov.b32 %0, %0;" : "+r"(v)); return v; }
+
+/* the k=7 conv of the tile whose window is at `win`: 42 wgmmas, committed as one group */
+__device__ __forceinline__ void conv_mma(float* acc, u32 win, const Ctx& k) {
+#pragma unroll
+  for (int i = 0; i < NACC; ++i) acc[i] = 0.f;
+  /* Descriptors move by adding 16-byte units to their start field. The strides pass through
+     `opaque` so the compiler rebuilds the 84 descriptors each tile instead of holding them all
+     in registers across the loop. */
+  const u32 wrows = opaque(k.wrows), d = opaque(k.D);
+  const u64 a0 = desc(win + (u32)(64 * k.wg) * 16, wrows * 16), b0 = desc(opaque(k.w1s), C * 16);
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+  for (int tap = 0; tap < TAPS; ++tap) {
+#pragma unroll
+    for (int s = 0; s < KSTEPS; ++s) mma_ss(acc, a0 + (2 * s) * wrows + tap * d, b0 + (tap * CHUNKS + 2 * s) * C);
+  }
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+
+/* this thread's first output row of `tile` (the other is 8 below), and its batch row */
+__device__ __forceinline__ int out_row(int tile, const Ctx& k, int& b) {
+  b = tile / k.ntr;
+  return (tile % k.ntr) * TILE + k.row;
+}
+
+/* the residual rows of this thread's outputs (channels 8 j + 2 q, pairs), loads in flight */
+__device__ __forceinline__ void load_residual(u32* xres, const u16* x, int tile, const Ctx& k) {
+  int b, t = out_row(tile, k, b);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const u16* xr = x + (long long)b * k.sxb + (long long)min(t + 8 * h, k.L - 1) * C;
+#pragma unroll
+    for (int j = 0; j < 12; ++j) xres[12 * h + j] = *(const u32*)(xr + 8 * j + 2 * k.q);
+  }
+}
+
+/* SnakeBeta(acc + b1), rounded to bf16, as the 1x1's register operand: k step s's fragment is
+   a[4 s ..]: (t, k lo), (t + 8, k lo), (t, k hi), (t + 8, k hi); acc index 4 j + 2 h + e is row
+   t + 8 h, channel 8 j + 2 q + e */
+__device__ __forceinline__ void snake_fragments(u32* a, const float* acc, const Ctx& k) {
+#pragma unroll
+  for (int j = 0; j < 12; ++j) {
+    const int c2 = 4 * j + k.q;
+    const float2 b1 = k.sp2[c2], al = k.sp2[C / 2 + c2], ib = k.sp2[C + c2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float u0 = acc[4 * j + 2 * h] + b1.x, u1 = acc[4 * j + 2 * h + 1] + b1.y;
+      a[(j >> 1) * 4 + (j & 1) * 2 + h] = pack_bf16(snake(u0, al.x, ib.x), snake(u1, al.y, ib.y));
+    }
+  }
+}
+
+/* the 1x1 conv: 6 wgmmas with the register operand, committed as one group */
+__device__ __forceinline__ void tail_mma(float* acc2, const u32* a, const Ctx& k) {
+#pragma unroll
+  for (int i = 0; i < NACC; ++i) acc2[i] = 0.f;
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+  for (int s = 0; s < KSTEPS; ++s) mma_rs(acc2, a + 4 * s, desc(k.w2s + (u32)(2 * s * C) * 16, C * 16));
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+
+/* y = acc2 + b2 + x, rounded once; with conv_only, acc + b1 (tests) */
+__device__ __forceinline__ void store_out(u16* y, const float* acc, const u32* xres, int tile, const Ctx& k, bool conv_only) {
+  int b, t = out_row(tile, k, b);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (t + 8 * h >= k.L) continue;
+    u16* yr = y + ((long long)b * k.L + t + 8 * h) * C;
+#pragma unroll
+    for (int j = 0; j < 12; ++j) {
+      int c = 8 * j + 2 * k.q;
+      float2 bias = k.sp2[(conv_only ? 0 : 3 * C / 2) + c / 2];
+      float y0 = acc[4 * j + 2 * h] + bias.x, y1 = acc[4 * j + 2 * h + 1] + bias.y;
+      if (!conv_only) { u32 xv = xres[12 * h + j]; y0 += as_float(xv << 16); y1 += as_float(xv & 0xffff0000u); }
+      *(u32*)(yr + c) = pack_bf16(y0, y1);
+    }
+  }
+}
+
+__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+__device__ __forceinline__ void window_ready(int pending) {
+  if (pending) asm volatile("cp.async.wait_group 1;" ::: "memory");
+  else asm volatile("cp.async.wait_group 0;" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  /* the window's stores, seen by wgmma's proxy */
+  __syncthreads();
+}
+#define COMMIT() asm volatile("cp.async.commit_group;" ::: "memory")
+
+/* One tile at a time: the window of the next tile is copied (from xx) or filled (from x) while
+   this tile's products run, then this tile's tail. */
+extern "C" __global__ void __launch_bounds__(256, 1) unit_window(
+    const u16* __restrict__ xx, const u16* __restrict__ x, const u16* __restrict__ wpack,
+    const float* __restrict__ params, u16* __restrict__ y, u16* pool, const long long* __restrict__ slots,
+    const long long* __restrict__ n_new, int kind, int sxxb, int nxx, int sxb, int B, int L, int D, int wrows,
+    int spn, int spc, int rate, int conv_only) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const Src src = {xx, x, pool, slots, n_new, kind, sxxb, nxx, sxb, L, (TAPS - 1) * D, spn, spc, rate};
+  Ctx k;
+  const u32 s0 = smem_u32(smem);
+  k.w1s = s0; k.w2s = s0 + W1_BYTES; k.win0 = s0 + WIN_OFF; k.winsz = (u32)wrows * C * 2;
+  k.sp2 = (const float2*)(smem + PARAM_OFF);
+  const float2* act = k.sp2 + 2 * C;
+  const int tid = threadIdx.x;
+  k.wg = tid >> 7; k.q = tid & 3;
+  k.row = 64 * k.wg + 16 * ((tid >> 5) & 3) + ((tid & 31) >> 2);
+  k.ntr = (L + TILE - 1) / TILE; k.D = D; k.wrows = wrows; k.L = L; k.sxb = sxb;
+  const int ntiles = B * k.ntr;
+  for (int i = tid; i < (W1_BYTES + W2_BYTES) / 16; i += blockDim.x) cp16(s0 + i * 16, wpack + i * 8, 16);
+  for (int i = tid; i < 6 * C; i += blockDim.x) ((float*)(smem + PARAM_OFF))[i] = params[i];
+  __syncthreads();  /* act1's parameters, for the first window */
+  if (blockIdx.x < ntiles) {
+    if (kind == 0) load_window(k.win0, src, k.ntr, blockIdx.x, D, wrows);
+    else fill_window(k.win0, src, act, k.ntr, blockIdx.x, D, wrows);
+  }
+  COMMIT();
+  int tile = blockIdx.x;
+  for (int it = 0; tile < ntiles; ++it, tile += gridDim.x) {
+    const int next = tile + gridDim.x;
+    const u32 win = k.win0 + (it & 1) * k.winsz, win_next = k.win0 + ((it + 1) & 1) * k.winsz;
+    if (kind == 0) {
+      if (next < ntiles) load_window(win_next, src, k.ntr, next, D, wrows);
+      COMMIT();
+      window_ready(1);
+    } else {
+      window_ready(0);
+    }
+    float acc[NACC];
+    u32 xres[24];
+    conv_mma(acc, win, k);
+    if (kind == 2 && tile % k.ntr == 0) write_history(win, src, act, tile / k.ntr, wrows);
+    if (kind != 0 && next < ntiles) fill_window(win_next, src, act, k.ntr, next, D, wrows);
+    load_residual(xres, x, tile, k);
+    wgmma_wait0();
+#pragma unroll
+    for (int i = 0; i < NACC; ++i) fence_operand(acc[i]);
+    if (conv_only) {
+      store_out(y, acc, xres, tile, k, true);
+    } else {
+      u32 a[KSTEPS * 4];
+      float acc2[NACC];
+      snake_fragments(a, acc, k);
+      tail_mma(acc2, a, k);
+      wgmma_wait0();
+#pragma unroll
+      for (int i = 0; i < NACC; ++i) fence_operand(acc2[i]);
+      store_out(y, acc2, xres, tile, k, false);
+    }
+    __syncthreads();  /* this window's buffer is free for the tile after next */
+  }
+}
