@@ -4,9 +4,9 @@
 # layer's input go straight into the window unit's shared-memory window or the output conv's
 # product, the new history back to the pool; no history concat before those four layers.
 #   bash bench/session32.sh a   both kernels against the history concat (bench/unit_window.py,
-#                               also against a float32 unit; bench/mono_conv.py), the quick GPU
-#                               checks, then the record alternating the default and
-#                               read_history=false, twice
+#                               also against a float32 unit; bench/mono_conv.py), then the record
+#                               alternating the default, read_history=false, and wide_tail=true
+#                               (the 384/768-channel units' 1x1 conv and residual as one GEMM), twice
 #   bash bench/session32.sh b   every GPU check, a 16 x 25 and a 20 x 25 step layer by layer,
 #                               the record again
 source bench/device_env.sh
@@ -18,11 +18,10 @@ a)
   grep -q "^PASS" "$OUT/unit_window.txt" || exit 1
   stamp "the output conv reading its history (bench/mono_conv.py)"
   timeout 90 python3 bench/mono_conv.py 16x25 2>&1 | grep -v Warning | tee "$OUT/mono_conv.txt" | tail -4 | tee -a "$log"
-  stamp "the quick GPU checks"
-  timeout 180 python3 bench/gpu_check.py --quick 2>&1 | grep -v Warning | tee "$OUT/gpu_check.txt" | grep -E "FAIL|SUMMARY|96-channel" | tee -a "$log"
   for i in 1 2; do
     sustained_levels "default_$i"
     sustained_levels "concat_$i" --set layers.read_history=false
+    sustained_levels "wide_$i" --set layers.wide_tail=true
   done
   keep_triton_cache
   ;;

@@ -22,6 +22,7 @@ pytest.importorskip("triton")
 from code2wav.kernels import convt, history, mono_conv, skinny, snake, unit, unit_conv  # noqa: E402
 from code2wav.kernels import transformer as tk  # noqa: E402
 from code2wav.kernels.history import window  # noqa: E402
+from code2wav.model.layers import ResidualUnit  # noqa: E402
 from code2wav.model.streaming import Step  # noqa: E402
 from code2wav.model.transformer import Rotary  # noqa: E402
 from code2wav.stream.engine import StreamEngine  # noqa: E402
@@ -251,6 +252,26 @@ def test_unit_tail_matches_the_unit_ops(monkeypatch, C, tiles):
     assert close(unit.unit_tail(trimmed, x, w2, b1, alpha, beta, b2), ref, 1e-5)
 
 
+def test_the_wide_units_tail_after_snakebeta_matches_the_unit_ops(monkeypatch):
+    """At 384 channels (above the fused tail's widths) the tail takes SnakeBeta's output: the 1x1
+    conv, its bias and the residual add in one GEMM equal cuDNN's conv and the add, with the
+    output channels over three programs and a row count no tile divides; it runs in a model
+    step only with ``LayerChoices.wide_tail``."""
+    monkeypatch.setitem(unit.TILES, 384, unit.Tiles(32, 128, 64, 4, 2))
+    g = torch.Generator().manual_seed(6)
+    B, C, L = 2, 384, 37
+    x, s = (laid_out(torch.randn(B, C, L, generator=g), "channels_last") for _ in range(2))
+    w2 = torch.randn(C, C, 1, generator=g) / C**0.5
+    b2 = torch.randn(C, generator=g) * 0.3
+    assert unit.applies_activated(x, s) and not unit.applies(x, s)
+    assert close(unit.unit_tail(s, x, w2, None, None, None, b2), x + F.conv1d(s, w2, b2), 1e-5)
+    with pytest.raises(ValueError, match="none of them"):
+        unit.unit_tail(s, x, w2, b2, None, None, b2)
+    narrow = laid_out(torch.randn(B, 96, L, generator=g), "channels_last")
+    assert not unit.applies_activated(narrow, narrow)  # the fused tail's widths keep SnakeBeta inside
+    assert not unit.applies_activated(x.contiguous(), s.contiguous())
+
+
 def test_unit_tail_applies_only_where_it_is_exact_and_fast():
     g = torch.Generator().manual_seed(5)
     cl = laid_out(torch.randn(2, 32, 9, generator=g), "channels_last")
@@ -443,15 +464,21 @@ def test_convt_pairs_refuse_and_apply(monkeypatch):
     assert not convt.applies(torch.randn(5, 96, generator=g), 1)  # a K slice of 64 does not divide 96 channels
 
 
-@pytest.mark.parametrize("layout", [*LAYOUTS, "channels_last, one-kernel units and ConvTransposes"])
+@pytest.mark.parametrize("layout", [*LAYOUTS, "channels_last, one-kernel units and ConvTransposes", "channels_last, wide tails"])
 def test_streaming_steps_through_the_kernels_equal_eager(monkeypatch, layout):
     """A prefixed stream and a cold one, stepped together with ragged chunks, through every fused
     kernel (the few-row float32 products included; and, channels-last, channels-last convs; and
     the residual units as one kernel, at the shrunk model's 32- and 16-channel blocks in both
-    forms, with the ConvTransposes as one GEMM each): the prefill and the steps give the same
-    audio as the eager path."""
+    forms, with the ConvTransposes as one GEMM each; or every unit's tail as the wide blocks' GEMM
+    after SnakeBeta, ``wide_tail``): the prefill and the steps give the same audio as the eager
+    path."""
     one_kernel = layout.endswith("one-kernel units and ConvTransposes")
-    units, pairs = [], []
+    wide = layout.endswith("wide tails")
+    units, pairs, tails = [], [], []
+    if wide:  # the shrunk model's blocks as wide as the 384- and 768-channel ones
+        monkeypatch.setattr(unit, "MAX_C", 8)
+        real_tail = unit.unit_tail
+        monkeypatch.setattr(unit, "unit_tail", lambda h, x, *a, **k: (tails.append((x.shape[1], a[2] is None)), real_tail(h, x, *a, **k))[1])
     if one_kernel:
         # Large row tiles: the interpreter runs programs one by one (tile edges: the unit tests above).
         monkeypatch.setitem(unit_conv.TILES, 32, unit_conv.ConvTiles(256, 16, 4, 2, "samples"))
@@ -483,7 +510,12 @@ def test_streaming_steps_through_the_kernels_equal_eager(monkeypatch, layout):
     fused_model = m if layout == "contiguous" else _channels_last_copy(m)
     if one_kernel:
         fused_model.set_layer_choices(replace(fused_model.layer_choices, convt_kernel_rows=1))
+    if wide:
+        fused_model.set_layer_choices(replace(fused_model.layer_choices, wide_tail=True))
     fused, fused_pool = run(fused_model)
+    widths = sorted({u.conv1.conv.in_channels for u in m.modules() if isinstance(u, ResidualUnit)})
+    # every unit the GEMM's K slice divides (the 4- and 8-channel ones keep the separate ops), SnakeBeta done before
+    assert sorted(set(tails)) == ([(c, True) for c in widths if c % unit.MIN_K == 0] if wide else [])
     assert any(ran for ran, _ in products)  # the 1-frame step's transformer and upsampler products
     assert any(gated for _, gated in products)  # its MLPs' silu * up inside the down projection
     assert sorted(set(units)) == ([16, 32] if one_kernel else [])

@@ -68,7 +68,7 @@ if triton is not None:
 
     @triton.jit
     def _unit_tail_kernel(h_ptr, x_ptr, w_ptr, y_ptr, b1_ptr, alpha_ptr, beta_ptr, b2_ptr, M, L, shb, sxb, swn, swk,
-                          C: tl.constexpr, FAST_SIN: tl.constexpr, NUM_STAGES: tl.constexpr, N_TILES: tl.constexpr,
+                          C: tl.constexpr, HAS_ACT: tl.constexpr, FAST_SIN: tl.constexpr, NUM_STAGES: tl.constexpr, N_TILES: tl.constexpr,
                           EARLY_X: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
         wait_previous(PDL)  # before any memory access (kernels/pdl.py)
         pid = tl.program_id(0)  # the channel tile varies fastest: neighbours read the same rows
@@ -85,10 +85,13 @@ if triton is not None:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in tl.range(0, C, BLOCK_K, num_stages=NUM_STAGES):  # BLOCK_K divides C: no K mask
             rk = k0 + tl.arange(0, BLOCK_K)[None, :]  # [1, BK]
-            a = tl.load(h_ptr + h_rows + rk, mask=mmask, other=0.0).to(tl.float32)
-            a += tl.load(b1_ptr + rk).to(tl.float32)
-            sa, inv_b = snake_params(alpha_ptr, beta_ptr, rk, C)
-            a = snake_value(a, sa, inv_b, FAST_SIN).to(w_ptr.dtype.element_ty)  # the 1x1 conv's input dtype
+            if HAS_ACT:
+                a = tl.load(h_ptr + h_rows + rk, mask=mmask, other=0.0).to(tl.float32)
+                a += tl.load(b1_ptr + rk).to(tl.float32)
+                sa, inv_b = snake_params(alpha_ptr, beta_ptr, rk, C)
+                a = snake_value(a, sa, inv_b, FAST_SIN).to(w_ptr.dtype.element_ty)  # the 1x1 conv's input dtype
+            else:  # h is SnakeBeta's output already: the tile goes to the product as loaded
+                a = tl.load(h_ptr + h_rows + rk, mask=mmask, other=0.0)
             w = tl.load(w_ptr + rn * swn + tl.trans(rk) * swk, mask=nmask, other=0.0)  # [BK, BN] = W2[n, k]
             acc = tl.dot(a, w, acc)
         if not EARLY_X:
@@ -126,12 +129,24 @@ def applies(x: Tensor, h: Tensor) -> bool:
             and is_channels_last(x) and is_channels_last(h) and C % MIN_K == 0 and C <= MAX_C)
 
 
-def unit_tail(h: Tensor, x: Tensor, w2: Tensor, b1: Tensor, alpha: Tensor, beta: Tensor, b2: Tensor,
-              tiles: Tiles | None = None, fill_sms: bool = True) -> Tensor:
+def applies_activated(x: Tensor, h: Tensor) -> bool:
+    """Where ``unit_tail`` runs on an activated ``h`` (``LayerChoices.wide_tail``): as ``applies``,
+    at the widths above ``MAX_C`` (there the separate SnakeBeta pass stays: SnakeBeta in the
+    product's loads was slower)."""
+    C = x.shape[1]
+    return (snake.fused(x) and not (x.is_cuda and x.dtype == torch.float32) and x.shape == h.shape
+            and is_channels_last(x) and is_channels_last(h) and C % MIN_K == 0 and C > MAX_C)
+
+
+def unit_tail(h: Tensor, x: Tensor, w2: Tensor, b1: Tensor | None, alpha: Tensor | None, beta: Tensor | None,
+              b2: Tensor, tiles: Tiles | None = None, fill_sms: bool = True) -> Tensor:
     """``x + b2 + conv1x1(snake(h + b1), w2)`` over channels-last ``[B, C, L]`` (see ``applies``;
-    the batch strides may exceed ``L * C``);
+    the batch strides may exceed ``L * C``); with ``alpha`` None, ``h`` is SnakeBeta's output
+    already (and ``b1`` None): ``x + b2 + conv1x1(h, w2)``.
     ``w2`` is the 1x1 conv's ``[C, C, 1]`` weight. Returns a new channels-last tensor. ``tiles``
     is for ``bench/unit_tail.py``'s sweep; by default ``tiles_for(C)``."""
+    if (alpha is None) != (beta is None) or (alpha is None and b1 is not None):
+        raise ValueError("unit_tail takes alpha, beta and b1 for its SnakeBeta, or none of them")
     B, C, L = x.shape
     M = B * L
     t = tiles or tiles_for(C)
@@ -140,9 +155,10 @@ def unit_tail(h: Tensor, x: Tensor, w2: Tensor, b1: Tensor, alpha: Tensor, beta:
     y = torch.empty(B, L, C, device=x.device, dtype=x.dtype).transpose(1, 2)
     n_tiles = triton.cdiv(C, t.block_n)
     block_m = rows_per_program(M, t.block_n, sm_count(x.device), fill_sms, n_tiles, t.block_m)
+    act = alpha is not None
     _unit_tail_kernel[(triton.cdiv(M, block_m) * n_tiles,)](
-        h, x, w2, y, b1, alpha, beta, b2, M, L, h.stride(0), x.stride(0), w2.stride(0), w2.stride(1),
-        C=C, FAST_SIN=fast_sin(x), NUM_STAGES=t.num_stages, N_TILES=n_tiles, EARLY_X=t.early_x,
+        h, x, w2, y, b1 if act else b2, alpha if act else b2, beta if act else b2, b2, M, L, h.stride(0), x.stride(0),
+        w2.stride(0), w2.stride(1), C=C, HAS_ACT=act, FAST_SIN=fast_sin(x), NUM_STAGES=t.num_stages, N_TILES=n_tiles, EARLY_X=t.early_x,
         BLOCK_M=block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, num_warps=t.num_warps, **pdl.options(x),
     )
     return y

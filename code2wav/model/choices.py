@@ -36,6 +36,10 @@ class LayerChoices:
     # The residual units' fused tails (kernels/unit.py) take fewer rows per program in small
     # steps, until there are about as many programs as SMs (False: fixed 128-row tiles).
     unit_fill_sms: bool = True
+    # At the widths that fused tail does not take (384 and 768 channels: SnakeBeta in its loads
+    # was slower), the 1x1 conv, its bias and the residual add as that kernel's plain GEMM after
+    # the separate SnakeBeta pass (False: cuDNN's 1x1 conv, then the residual add kernel).
+    wide_tail: bool = False
     # A residual unit runs as one kernel after its history concat (kernels/unit_conv.py: the
     # dilated conv as an implicit GEMM, its tail in registers) in steps of at least this many
     # output samples (rows x time at the unit's rate; 0: never, cuDNN's conv then the fused

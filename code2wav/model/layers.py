@@ -271,6 +271,8 @@ class ResidualUnit(nn.Module):
             return unit.unit_tail(h, x, self.conv2.conv.weight, self.conv1.conv.bias, self.act2.alpha, self.act2.beta, self.conv2.conv.bias,
                                   fill_sms=self.choices.unit_fill_sms)
         h = self.act2(h, bias=self.conv1.conv.bias)
+        if self.choices.wide_tail and unit.applies_activated(x, h):  # conv2, its bias and the residual in one pass
+            return unit.unit_tail(h, x, self.conv2.conv.weight, None, None, None, self.conv2.conv.bias, fill_sms=self.choices.unit_fill_sms)
         return residual_add(x, self.conv2(h, step, add_bias=False), self.conv2.conv.bias)
 
 
