@@ -18,14 +18,9 @@ __device__ __forceinline__ u32 smem_u32(const void* p) {
 __device__ __forceinline__ void cp16(u32 dst, const void* src, u32 n) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(n) : "memory");
 }
-__device__ __forceinline__ uint4 ld16(const void* p) {  /* read-only for the whole launch */
-  uint4 v; asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p)); return v;
+__device__ __forceinline__ uint4 ld16(const void* p) {  /* read-only for the whole launch: free to schedule */
+  uint4 v; asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p)); return v;
 }
-__device__ __forceinline__ void st_shared16(u32 a, uint4 v) {
-  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" :: "r"(a), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
-}
-__device__ __forceinline__ void st_shared2(u32 a, u16 v) { asm volatile("st.shared.u16 [%0], %1;" :: "r"(a), "h"(v) : "memory"); }
-__device__ __forceinline__ u16 ld_shared2(u32 a) { u16 v; asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(a) : "memory"); return v; }
 __device__ __forceinline__ u64 desc(u32 addr, u32 lbo) {
   /* no swizzle; LBO: the next 8 channels (K), SBO: the next 8 rows (M or N), 128 bytes */
   return (u64)((addr & 0x3FFFF) >> 4) | ((u64)((lbo & 0x3FFFF) >> 4) << 16) | ((u64)(128 >> 4) << 32);
@@ -74,34 +69,35 @@ __device__ __forceinline__ uint4 snake8(uint4 v, const float2* act, int c) {
   return v;
 }
 
-/* Fill tile `tile`'s window from x: row r is position t0 + r of [history, act1(x)], zero past
-   the row's end. The history rows (a row's first tile only, TILE >= H) come from the pool,
-   already activated, or are zeros without one. Four 16-byte loads a thread in flight at once. */
-__device__ __forceinline__ void fill_window(u32 buf, const Src& src, const float2* act, int ntr, int tile, int D, int wrows) {
+/* Fill tile `tile`'s window (generic pointer `buf` into shared memory) from x: row r is
+   position t0 + r of [history, act1(x)], zero past the row's end. The history rows (a row's
+   first tile only, TILE >= H) come from the pool, already activated, or are zeros without one.
+   A thread's loads (FILL_ITEMS at most) are all issued before any is used: one latency, not one
+   per load. Plain C++ stores, so the compiler orders them against the barriers itself. */
+__device__ __forceinline__ void fill_window(unsigned char* buf, const Src& src, const float2* act, int ntr, int tile, int D, int wrows) {
   const int b = tile / ntr, t0 = (tile % ntr) * TILE;
   const int n = (TILE + (TAPS - 1) * D) * CHUNKS;
   const bool pooled = src.kind == 2 && t0 == 0;
   const u16* xb = src.x + (long long)b * src.sxb;
-  for (int i0 = threadIdx.x; i0 < n; i0 += 4 * THREADS) {
-    uint4 v[4];
+  uint4 v[FILL_ITEMS];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int i = i0 + u * THREADS, r = i / CHUNKS, s = t0 + r - src.H;
-      v[u] = make_uint4(0, 0, 0, 0);
-      if (i < n && s >= 0 && s < src.L) v[u] = ld16(xb + (long long)s * C + (i - r * CHUNKS) * 8);
-    }
+  for (int u = 0; u < FILL_ITEMS; ++u) {
+    const int i = threadIdx.x + u * THREADS, r = i / CHUNKS, s = t0 + r - src.H;
+    v[u] = make_uint4(0, 0, 0, 0);
+    if (i < n && s >= 0 && s < src.L) v[u] = ld16(xb + (long long)s * C + (i - r * CHUNKS) * 8);
+  }
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int i = i0 + u * THREADS, r = i / CHUNKS, c = i - r * CHUNKS, s = t0 + r - src.H;
-      if (i >= n || (pooled && s < 0)) continue;
-      st_shared16(buf + (u32)(c * wrows + r) * 16, (s >= 0 && s < src.L) ? snake8(v[u], act, c) : v[u]);
-    }
+  for (int u = 0; u < FILL_ITEMS; ++u) {
+    const int i = threadIdx.x + u * THREADS, r = i / CHUNKS, c = i - r * CHUNKS, s = t0 + r - src.H;
+    if (i >= n || (pooled && s < 0)) continue;
+    *(uint4*)(buf + (c * wrows + r) * 16) = (s >= 0 && s < src.L) ? snake8(v[u], act, c) : v[u];
   }
   if (pooled) {  /* time fastest: the pool is [C][H] per slot */
     const u16* pb = src.pool + src.slots[b] * (long long)src.spn;
+#pragma unroll 4
     for (int i = threadIdx.x; i < src.H * C; i += THREADS) {
       const int c = i / src.H, j = i - c * src.H;
-      st_shared2(buf + (u32)((c >> 3) * wrows + j) * 16 + (c & 7) * 2, pb[(long long)c * src.spc + j]);
+      *(u16*)(buf + ((c >> 3) * wrows + j) * 16 + (c & 7) * 2) = pb[(long long)c * src.spc + j];
     }
   }
 }
@@ -109,16 +105,17 @@ __device__ __forceinline__ void fill_window(u32 buf, const Src& src, const float
 /* Row b's new history into the pool: sample j is position n_new[b] * rate + j of [history,
    act1(x)]. Run by the program of the row's first tile while `win` holds that tile's window, so
    the old history it keeps (positions < H) is read from there, never from the pool it overwrites. */
-__device__ __forceinline__ void write_history(u32 win, const Src& src, const float2* act, int b, int wrows) {
+__device__ __forceinline__ void write_history(const unsigned char* win, const Src& src, const float2* act, int b, int wrows) {
   const long long start = src.n_new[b] * src.rate;
   u16* pb = src.pool + src.slots[b] * (long long)src.spn;
   const u16* xb = src.x + (long long)b * src.sxb;
   const float* a = (const float*)act;
+#pragma unroll 4
   for (int i = threadIdx.x; i < src.H * C; i += THREADS) {
     const int c = i / src.H, j = i - c * src.H;
     const long long p = start + j, s = p - src.H;
     u16 v = 0;
-    if (s < 0) v = ld_shared2(win + (u32)((c >> 3) * wrows + p) * 16 + (c & 7) * 2);
+    if (s < 0) v = *(const u16*)(win + ((c >> 3) * wrows + p) * 16 + (c & 7) * 2);
     else if (s < src.L) v = to_bf16(snake(as_float((u32)xb[s * C + c] << 16), a[c], a[C + c]));
     pb[(long long)c * src.spc + j] = v;
   }
@@ -244,7 +241,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) unit_window(
   __syncthreads();  /* act1's parameters, for the first window */
   if (blockIdx.x < ntiles) {
     if (kind == 0) load_window(k.win0, src, k.ntr, blockIdx.x, D, wrows);
-    else fill_window(k.win0, src, act, k.ntr, blockIdx.x, D, wrows);
+    else fill_window(smem + WIN_OFF, src, act, k.ntr, blockIdx.x, D, wrows);
   }
   COMMIT();
   int tile = blockIdx.x;
@@ -261,9 +258,9 @@ extern "C" __global__ void __launch_bounds__(256, 1) unit_window(
     float acc[NACC];
     u32 xres[24];
     conv_mma(acc, win, k);
-    if (kind == 2 && tile % k.ntr == 0) write_history(win, src, act, tile / k.ntr, wrows);
-    if (kind != 0 && next < ntiles) fill_window(win_next, src, act, k.ntr, next, D, wrows);
-    load_residual(xres, x, tile, k);
+    load_residual(xres, x, tile, k);  /* in flight behind the products and the next window's loads */
+    if (kind == 2 && tile % k.ntr == 0) write_history(smem + WIN_OFF + (it & 1) * k.winsz, src, act, tile / k.ntr, wrows);
+    if (kind != 0 && next < ntiles) fill_window(smem + WIN_OFF + ((it + 1) & 1) * k.winsz, src, act, k.ntr, next, D, wrows);
     wgmma_wait0();
 #pragma unroll
     for (int i = 0; i < NACC; ++i) fence_operand(acc[i]);
