@@ -26,7 +26,7 @@ from code2wav.kernels.snake import fast_sin, triton
 
 BLOCK_T = 64  # output samples per program (bench/mono_conv.py sweeps it and the warps)
 NUM_WARPS = 4
-BLOCK_R = 128  # input rows per program of mono_conv_history (bench/mono_conv.py; tests raise it)
+BLOCK_R = 64  # input rows per program of mono_conv_history (bench/mono_conv.py sweeps it; tests raise it)
 
 if triton is not None:
     import triton.language as tl
