@@ -175,6 +175,18 @@ def main() -> int:
         snr_uw = snr_db(ref, graph_stream(load(weights, torch.bfloat16, "cuda", layers=triton_units), codes).float())
         check("96-channel units as the Triton kernel: bf16 stream SNR >= 30 dB", snr_uw >= 30.0,
               f"{snr_uw:.1f} dB (default layers, the wgmma kernel: {snr:.1f} dB)")
+    # 3b''. The window unit and the output conv read their own history by default
+    # (read_history=True); the other form, the history concat before them (read_history=False):
+    # the fp32 stream within check 2's bound, the bf16 stream within the SNR bound. And the
+    # 384/768-channel units' tail as one GEMM after SnakeBeta (wide_tail=True, off by default).
+    concat = replace(m32.layer_choices, read_history=False)
+    err_cat = ((graph_stream(load(weights, torch.float32, "cuda", layers=concat), codes).double() - ref).abs().max() / ref.abs().max()).item()
+    snr_cat = snr_db(ref, graph_stream(load(weights, torch.bfloat16, "cuda", layers=concat), codes).float())
+    check("read_history=False (the history concat): fp32 stream vs fp64, bf16 stream SNR >= 30 dB",
+          err_cat <= 1e-4 and snr_cat >= 30.0, f"max err / peak {err_cat:.2e}; {snr_cat:.1f} dB (default layers {snr:.1f} dB)")
+    wide = replace(m32.layer_choices, wide_tail=True)
+    snr_wide = snr_db(ref, graph_stream(load(weights, torch.bfloat16, "cuda", layers=wide), codes).float())
+    check("wide_tail=True: bf16 stream SNR >= 30 dB", snr_wide >= 30.0, f"{snr_wide:.1f} dB (default layers {snr:.1f} dB)")
     # 3a'. The last decoder block's ConvTranspose as one kernel is the default (convt_kernel_rows=1,
     # at the widths kernels/convt.TILES names); the other form, cuBLAS's two products everywhere
     # (convt_kernel_rows=0), within the same bound.
