@@ -9,7 +9,7 @@
 #                               units' 1x1 conv and residual as one GEMM) once; the quick GPU
 #                               checks; the output conv against the history concat (bench/mono_conv.py)
 #   bash bench/session32.sh b   every GPU check, a 16 x 25 and a 20 x 25 step layer by layer,
-#                               the record again
+#                               the wide tail's tiles (bench/wide_tail.py), the record again
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 case "${1:-}" in
@@ -33,6 +33,8 @@ b)
   timeout 300 python3 bench/gpu_check.py 2>&1 | grep -v Warning | tee "$OUT/gpu_check.txt" | grep -E "FAIL|SUMMARY" | tee -a "$log"
   stamp "a 16 x 25 and a 20 x 25 step, layer by layer"
   timeout 120 python3 bench/layer_times.py bfloat16 16x25,20x25 2>&1 | grep -v Warning | tee "$OUT/layer_times.txt" | tail -n 60
+  stamp "the 384/768-channel tail after SnakeBeta, a sweep of its tiles"
+  timeout 150 python3 bench/wide_tail.py 16x25 2>&1 | grep -v Warning | tee "$OUT/wide_tail.txt" | tee -a "$log"
   sustained_levels default_3
   ;;
 *)
