@@ -163,7 +163,7 @@ def main() -> int:
           err_sdpa <= 1e-4 and snr_sdpa >= 30.0,
           f"max err / peak {err_sdpa:.2e}, from the default's stream {apart:.2e}; {snr_sdpa:.1f} dB (default layers {snr:.1f} dB)")
     # (Every residual unit as one kernel, unit_conv_rows=1, is the default's own form since
-    # session 15: check 1 runs it.)
+    # session 15: check 3 runs it.)
     # 3b'. The 96-channel units as the CUDA C++ kernel are the default on sm90
     # (unit_window_rows=1); the other form, the Triton one-kernel unit there too
     # (unit_window_rows=0), within the same bound.
