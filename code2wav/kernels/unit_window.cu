@@ -1,5 +1,6 @@
 /* The CUDA C++ of kernels/unit_window.py (its docstring says what the kernel does); that module
-   prepends the typedefs and the wgmma wrappers mma_ss / mma_rs, and NVRTC compiles it for sm_90a. */
+   prepends the typedefs, FILL_ITEMS, the FROM_* kinds and the wgmma wrappers mma_ss / mma_rs,
+   and NVRTC compiles it for sm_90a. */
 #define C 96
 #define NACC 48          /* m64n96 fp32 accumulator: 48 values a thread */
 #define CHUNKS 12        /* 8-channel chunks */
@@ -77,7 +78,7 @@ __device__ __forceinline__ uint4 snake8(uint4 v, const float2* act, int c) {
 __device__ __forceinline__ void fill_window(unsigned char* buf, const Src& src, const float2* act, int ntr, int tile, int D, int wrows) {
   const int b = tile / ntr, t0 = (tile % ntr) * TILE;
   const int n = (TILE + (TAPS - 1) * D) * CHUNKS;
-  const bool pooled = src.kind == 2 && t0 == 0;
+  const bool pooled = src.kind == FROM_X_AND_POOL && t0 == 0;
   const u16* xb = src.x + (long long)b * src.sxb;
   uint4 v[FILL_ITEMS];
 #pragma unroll
@@ -240,7 +241,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) unit_window(
   for (int i = tid; i < 6 * C; i += blockDim.x) ((float*)(smem + PARAM_OFF))[i] = params[i];
   __syncthreads();  /* act1's parameters, for the first window */
   if (blockIdx.x < ntiles) {
-    if (kind == 0) load_window(k.win0, src, k.ntr, blockIdx.x, D, wrows);
+    if (kind == FROM_XX) load_window(k.win0, src, k.ntr, blockIdx.x, D, wrows);
     else fill_window(smem + WIN_OFF, src, act, k.ntr, blockIdx.x, D, wrows);
   }
   COMMIT();
@@ -248,7 +249,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) unit_window(
   for (int it = 0; tile < ntiles; ++it, tile += gridDim.x) {
     const int next = tile + gridDim.x;
     const u32 win = k.win0 + (it & 1) * k.winsz, win_next = k.win0 + ((it + 1) & 1) * k.winsz;
-    if (kind == 0) {
+    if (kind == FROM_XX) {
       if (next < ntiles) load_window(win_next, src, k.ntr, next, D, wrows);
       COMMIT();
       window_ready(1);
@@ -259,8 +260,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) unit_window(
     u32 xres[24];
     conv_mma(acc, win, k);
     load_residual(xres, x, tile, k);  /* in flight behind the products and the next window's loads */
-    if (kind == 2 && tile % k.ntr == 0) write_history(smem + WIN_OFF + (it & 1) * k.winsz, src, act, tile / k.ntr, wrows);
-    if (kind != 0 && next < ntiles) fill_window(smem + WIN_OFF + ((it + 1) & 1) * k.winsz, src, act, k.ntr, next, D, wrows);
+    if (kind == FROM_X_AND_POOL && tile % k.ntr == 0) write_history(smem + WIN_OFF + (it & 1) * k.winsz, src, act, tile / k.ntr, wrows);
+    if (kind != FROM_XX && next < ntiles) fill_window(smem + WIN_OFF + ((it + 1) & 1) * k.winsz, src, act, k.ntr, next, D, wrows);
     wgmma_wait0();
 #pragma unroll
     for (int i = 0; i < NACC; ++i) fence_operand(acc[i]);

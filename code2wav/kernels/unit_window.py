@@ -90,7 +90,8 @@ __device__ __forceinline__ void mma_rs(float* d, const u32* a, u64 db) {{
 
 FILL_ITEMS = -(-(TILE + (TAPS - 1) * MAX_DILATION) * (C // 8) // THREADS)  # a thread's 16-byte loads of one window, at most
 SOURCE = ("typedef unsigned int u32;\ntypedef unsigned long long u64;\ntypedef unsigned short u16;\n"
-          + f"#define FILL_ITEMS {FILL_ITEMS}\n" + _mma_ss(C) + _mma_rs(C) + (Path(__file__).parent / "unit_window.cu").read_text())
+          + f"#define FILL_ITEMS {FILL_ITEMS}\n#define FROM_XX {FROM_XX}\n#define FROM_X {FROM_X}\n"
+          + f"#define FROM_X_AND_POOL {FROM_X_AND_POOL}\n" + _mma_ss(C) + _mma_rs(C) + (Path(__file__).parent / "unit_window.cu").read_text())
 
 
 def applies(x: Tensor, rows_min: int, dilation: int) -> bool:
