@@ -124,18 +124,21 @@ def applies(x: Tensor, h: Tensor) -> bool:
     and the k=7 conv's output are then ``[L, C]`` matrices per row), channels a multiple of
     ``MIN_K`` up to ``MAX_C``. (Tests run it on CPU float32 through Triton's interpreter, where
     its dot is exact.)"""
-    C = x.shape[1]
-    return (snake.fused(x) and not (x.is_cuda and x.dtype == torch.float32) and x.shape == h.shape
-            and is_channels_last(x) and is_channels_last(h) and C % MIN_K == 0 and C <= MAX_C)
+    return _fits(x, h) and x.shape[1] <= MAX_C
 
 
 def applies_activated(x: Tensor, h: Tensor) -> bool:
     """Where ``unit_tail`` runs on an activated ``h`` (``LayerChoices.wide_tail``): as ``applies``,
     at the widths above ``MAX_C`` (there the separate SnakeBeta pass stays: SnakeBeta in the
     product's loads was slower)."""
-    C = x.shape[1]
+    return _fits(x, h) and x.shape[1] > MAX_C
+
+
+def _fits(x: Tensor, h: Tensor) -> bool:
+    """What both forms of the tail need: bf16/fp16 on CUDA (or the interpreter), matching
+    channels-last operands, channels a multiple of ``MIN_K``."""
     return (snake.fused(x) and not (x.is_cuda and x.dtype == torch.float32) and x.shape == h.shape
-            and is_channels_last(x) and is_channels_last(h) and C % MIN_K == 0 and C > MAX_C)
+            and is_channels_last(x) and is_channels_last(h) and x.shape[1] % MIN_K == 0)
 
 
 def unit_tail(h: Tensor, x: Tensor, w2: Tensor, b1: Tensor | None, alpha: Tensor | None, beta: Tensor | None,
