@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -42,6 +43,24 @@ def sweep_tiles(C: int) -> list[unit.Tiles]:
 # (block_m, block_n, block_k, warps, stages): the two best plain tilings per width, session 14 call 1
 LEADERS = {768: ((64, 256, 32, 4, 4), (64, 256, 64, 4, 2)), 384: ((128, 128, 32, 4, 4), (64, 128, 32, 4, 4)),
            192: ((64, 256, 32, 4, 4), (64, 256, 64, 4, 2)), 96: ((64, 128, 32, 4, 4), (128, 128, 32, 4, 4))}
+
+
+def timed_sweep(C: int, run: Callable[[unit.Tiles], object]) -> dict[unit.Tiles, float]:
+    """``run(tile)``'s time in us for each of ``sweep_tiles(C)``; inf where a tile cannot run."""
+    sweep = {}
+    for tile in sweep_tiles(C):
+        try:
+            sweep[tile] = timed(lambda: run(tile))  # noqa: B023
+        except Exception as e:  # out of shared memory / registers for this tile
+            sweep[tile] = float("inf")
+            print(f"  tile {tile}: {type(e).__name__}")
+    return sweep
+
+
+def print_ranked(sweep: dict[unit.Tiles, float], n: int = 5) -> None:
+    """The ``n`` fastest tiles of a ``timed_sweep``, one a line."""
+    for tile in sorted(sweep, key=sweep.get)[:n]:
+        print(f"      {sweep[tile]:7.1f} us  {tile}")
 
 
 def snr(ref: torch.Tensor, y: torch.Tensor) -> float:
@@ -102,13 +121,7 @@ def main() -> int:
             args = (h, x, ru.conv2.conv.weight, ru.conv1.conv.bias, ru.act2.alpha, ru.act2.beta, ru.conv2.conv.bias)
             # What the fused kernel replaces: SnakeBeta, cuDNN's 1x1 conv, the residual add.
             ops_tail = timed(lambda: residual_add(x, ru.conv2(ru.act2(h, bias=ru.conv1.conv.bias), None, add_bias=False), ru.conv2.conv.bias))
-            sweep = {}
-            for tile in sweep_tiles(C):
-                try:
-                    sweep[tile] = timed(lambda: unit.unit_tail(*args, tiles=tile))
-                except Exception as e:  # out of shared memory / registers for this tile
-                    sweep[tile] = float("inf")
-                    print(f"  tile {tile}: {type(e).__name__}")
+            sweep = timed_sweep(C, lambda tile: unit.unit_tail(*args, tiles=tile))
             default_tail = timed(lambda: unit.unit_tail(*args))
         ranked = sorted(sweep, key=sweep.get)
         best = ranked[0]
@@ -116,8 +129,7 @@ def main() -> int:
         print(f"{C:>5}{L:>7}{us['unfused']:>9.1f}{us['fused']:>9.1f}{us['unfused'] / us['fused']:>6.2f}x"
               f"   tail {sweep[best]:.1f} us ({moved / sweep[best]:.0f} GB/s), default {unit.tiles_for(C)} {default_tail:.1f},"
               f" separate ops {ops_tail:.1f}   {snr(ref, out['unfused']):.1f} / {snr(ref, out['fused']):.1f}", flush=True)
-        for tile in ranked[:5]:
-            print(f"      {sweep[tile]:7.1f} us  {tile}")
+        print_ranked(sweep)
     return 0
 
 

@@ -11,7 +11,7 @@ import sys
 
 import torch
 from gpu_timing import timed  # bench/ is the script's directory, first on sys.path
-from unit_tail import sweep_tiles
+from unit_tail import print_ranked, timed_sweep
 
 from code2wav.kernels import unit
 from code2wav.kernels.snake import residual_add, to_layout
@@ -37,19 +37,11 @@ def main() -> int:
             ref = residual_add(x, conv2(s, None, add_bias=False), b)
             ops = timed(lambda: residual_add(x, conv2(s, None, add_bias=False), b))  # noqa: B023
             diff = (unit.unit_tail(s, x, w, None, None, None, b).float() - ref.float()).abs().max().item()
-            sweep = {}
-            for tile in sweep_tiles(C):
-                try:
-                    sweep[tile] = timed(lambda: unit.unit_tail(s, x, w, None, None, None, b, tiles=tile))  # noqa: B023
-                except Exception as e:  # out of shared memory / registers for this tile
-                    sweep[tile] = float("inf")
-                    print(f"  tile {tile}: {type(e).__name__}")
+            sweep = timed_sweep(C, lambda tile: unit.unit_tail(s, x, w, None, None, None, b, tiles=tile))  # noqa: B023
             default = timed(lambda: unit.unit_tail(s, x, w, None, None, None, b))  # noqa: B023
-        ranked = sorted(sweep, key=sweep.get)
         print(f"{C:>5} x {L}: 1x1 conv + residual add {ops:.1f}; the GEMM at its default tiles {default:.1f} "
               f"(max difference {diff:.3g}, peak {ref.float().abs().max().item():.3g}); best:", flush=True)
-        for tile in ranked[:5]:
-            print(f"      {sweep[tile]:7.1f} us  {tile}")
+        print_ranked(sweep)
     return 0
 
 
