@@ -61,9 +61,7 @@ class CausalConv1d(StreamingLayer):
         pool = step.pool[self.state_key] if step is not None and self.history else None
         if mono and self.choices.read_history and act_bias is None and mono_conv.reads_history(x, pool):
             params = (act.alpha, act.beta) if act is not None else None
-            if pool is None:
-                return mono_conv.mono_conv_history(x, self.conv.weight, bias, d, params)
-            return mono_conv.mono_conv_history(x, self.conv.weight, bias, d, params, pool, step.slots, step.n_new, self.rate)
+            return mono_conv.mono_conv_history(x, self.conv.weight, bias, d, params, pool, *_rows_of(step), self.rate)
         folded = not mono and self.conv.groups == 1 and self.history > 0 and self._folds(d, len(x))
         xx = self._with_history(x, step, act, act_bias, multiple=d if folded else 1)
         if mono:
@@ -113,6 +111,12 @@ class CausalConv1d(StreamingLayer):
         cols = xx.as_strided((B, L, k, C), (xx.stride(0), C, d * C, 1)).reshape(B * L, k * C)
         w = self.conv.weight.permute(0, 2, 1).reshape(c_out, k * C)
         return skinny.matmul_t(cols, w, bias, enabled=self.choices.skinny_for(cols.dtype)).view(B, L, c_out).transpose(1, 2)
+
+
+def _rows_of(step: Step | None) -> tuple[Tensor | None, Tensor | None]:
+    """A step's slots and new frames per row, for the kernels that read their own history (None
+    without a step: the whole-utterance forward, zero history)."""
+    return (step.slots, step.n_new) if step is not None else (None, None)
 
 
 class CausalConvTranspose1d(StreamingLayer):
@@ -252,10 +256,8 @@ class ResidualUnit(nn.Module):
         (``LayerChoices.read_history``); otherwise after the history concat."""
         pool = step.pool[self.conv1.state_key] if step is not None else None
         if self.choices.read_history and (pool is None or pool.dtype == x.dtype):
-            if pool is None:
-                return unit_window.unit_window(x, *self.window_weights(), d)
-            return unit_window.unit_window(x, *self.window_weights(), d, pool=pool, slots=step.slots,
-                                           n_new=step.n_new, rate=self.conv1.rate)
+            slots, n_new = _rows_of(step)
+            return unit_window.unit_window(x, *self.window_weights(), d, pool=pool, slots=slots, n_new=n_new, rate=self.conv1.rate)
         return unit_window.unit_window(x, *self.window_weights(), d, xx=self.conv1._with_history(x, step, self.act1))
 
     def forward(self, x: Tensor, step: Step | None = None) -> Tensor:
