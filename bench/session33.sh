@@ -4,13 +4,19 @@
 #                               throughput, stall reasons, shared-memory wavefronts and bank
 #                               conflicts, the tensor pipe, and stall samples per SASS line;
 #                               then every GPU check (bench/gpu_check.py)
-#   bash bench/session33.sh b   the window unit with the next window's fill between the conv's taps:
-#                               its checks and timings (bench/unit_window.py), ncu at d=9, the record
+#   bash bench/session33.sh b   the window unit with the next window's fill between the conv's taps,
+#                               its warpgroups a half tile apart (ping-pong) or in step: checks and
+#                               timings (bench/unit_window.py), ncu at d=9, the record for both
+#   bash bench/session33.sh c   the same for a warp-specialized window unit (a third warpgroup fills
+#                               the windows) against the one filling them between the taps
+#   bash bench/session33.sh d   every GPU check, then the record at the default (the warp-specialized unit alone)
+#   (b and c ran A/B forms selected by environment variables that were dropped with the losers:
+#   BENCHMARKS.md, session 33)
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 stalls=$(for s in barrier long_scoreboard short_scoreboard wait math_pipe_throttle mio_throttle lg_throttle no_instruction dispatch_stall membar sleeping selected not_selected branch_resolving drain misc tex_throttle; do printf "smsp__average_warps_issue_stalled_%s_per_issue_active.ratio," $s; done)
 window_ncu() {  # $1: dilation
-  timeout 150 ncu --clock-control none -k unit_window --launch-skip 1 --launch-count 1 --set full --import-source yes \
+  timeout 150 ncu --clock-control none -k regex:unit_window --launch-skip 1 --launch-count 1 --set full --import-source yes \
     --metrics "${stalls}sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,smsp__inst_executed_pipe_xu.sum,smsp__inst_executed.sum,sm__cycles_elapsed.avg" \
     -o "$OUT/window_d$1" python3 bench/window_ncu.py "$1" 2>&1 | tail -3 | tee -a "$log"
   ncu --import "$OUT/window_d$1.ncu-rep" --print-details all > "$OUT/window_d$1.txt" 2>&1
@@ -33,8 +39,25 @@ b)
   grep -q "^PASS" "$OUT/unit_window.txt" || exit 1
   stamp "the window unit under ncu, d=9"
   window_ncu 9
+  sustained_levels pingpong_1
+  export CODE2WAV_WINDOW_PINGPONG=0; sustained_levels instep_1; unset CODE2WAV_WINDOW_PINGPONG
+  sustained_levels pingpong_2
+  ;;
+c)
+  stamp "the window unit, warp-specialized or filled between the taps (bench/unit_window.py)"
+  timeout 150 python3 bench/unit_window.py "${2:-1x1,16x1,1x25,16x25,20x25}" 2>&1 | grep -v Warning | tee "$OUT/unit_window.txt" | tee -a "$log"
+  grep -q "^PASS" "$OUT/unit_window.txt" || exit 1
+  stamp "the warp-specialized window unit under ncu, d=9"
+  window_ncu 9
+  sustained_levels ws_1
+  export CODE2WAV_WINDOW_WS=0; sustained_levels taps_1; unset CODE2WAV_WINDOW_WS
+  sustained_levels ws_2
+  ;;
+d)
+  stamp "every GPU check"
+  timeout 280 python3 bench/gpu_check.py 2>&1 | grep -v Warning | tee "$OUT/gpu_check.txt" | grep -E "FAIL|SUMMARY" | tee -a "$log"
   sustained_levels default_1
   ;;
 *)
-  echo "usage: bash bench/session33.sh a|b" >&2; exit 2 ;;
+  echo "usage: bash bench/session33.sh a|b|c|d" >&2; exit 2 ;;
 esac

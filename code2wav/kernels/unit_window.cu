@@ -1,5 +1,5 @@
 /* The CUDA C++ of kernels/unit_window.py (its docstring says what the kernel does); that module
-   prepends the typedefs, FILL_ITEMS, the FROM_* kinds and the wgmma wrappers mma_ss / mma_rs,
+   prepends the typedefs, MAX_DILATION, PARAMS, the FROM_* kinds and the wgmma wrappers mma_ss / mma_rs,
    and NVRTC compiles it for sm_90a. */
 #define C 96
 #define NACC 48          /* m64n96 fp32 accumulator: 48 values a thread */
@@ -7,11 +7,13 @@
 #define KSTEPS 6         /* k16 steps over C */
 #define TAPS 7
 #define TILE 128
-#define THREADS 256
+#define THREADS 256     /* the two warpgroups that run the convs */
+#define PRODUCER 128    /* the warpgroup that fills the windows */
 #define W1_BYTES (TAPS * CHUNKS * C * 16)
 #define W2_BYTES (CHUNKS * C * 16)
 #define PARAM_OFF (W1_BYTES + W2_BYTES)
-#define WIN_OFF (PARAM_OFF + 6 * C * 4)
+#define BAR_OFF (PARAM_OFF + PARAMS * C * 4)   /* the mbarriers: full[2], empty[2] */
+#define WIN_OFF (BAR_OFF + 128)
 
 __device__ __forceinline__ u32 smem_u32(const void* p) {
   u32 r; asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p)); return r;
@@ -45,12 +47,13 @@ struct Src {  /* where a window's rows come from, and where the new history goes
   int kind, sxxb, nxx, sxb, L, H, spn, spc, rate;
 };
 
-/* Copy tile `tile`'s window: rows t0 .. t0 + TILE + 6 d of batch row b of xx, zero past nxx. */
-__device__ __forceinline__ void load_window(u32 buf, const Src& src, int ntr, int tile, int D, int wrows) {
+/* Copy tile `tile`'s window: rows t0 .. t0 + TILE + 6 d of batch row b of xx, zero past nxx;
+   by the producer warpgroup (this thread `lane` of its PRODUCER). */
+__device__ __forceinline__ void load_window(u32 buf, const Src& src, int ntr, int tile, int D, int wrows, int lane) {
   int b = tile / ntr, t0 = (tile % ntr) * TILE;
   int n = (TILE + (TAPS - 1) * D) * CHUNKS;
   const u16* base = src.xx + (long long)b * src.sxxb;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+  for (int i = lane; i < n; i += PRODUCER) {
     int r = i / CHUNKS, c = i - r * CHUNKS;
     bool ok = t0 + r < src.nxx;
     const u16* srcp = ok ? base + (long long)(t0 + r) * C + c * 8 : src.xx;
@@ -70,33 +73,34 @@ __device__ __forceinline__ uint4 snake8(uint4 v, const float2* act, int c) {
   return v;
 }
 
-/* Fill tile `tile`'s window (generic pointer `buf` into shared memory) from x: row r is
-   position t0 + r of [history, act1(x)], zero past the row's end. The history rows (a row's
-   first tile only, TILE >= H) come from the pool, already activated, or are zeros without one.
-   A thread's loads (FILL_ITEMS at most) are all issued before any is used: one latency, not one
-   per load. Plain C++ stores, so the compiler orders them against the barriers itself. */
-__device__ __forceinline__ void fill_window(unsigned char* buf, const Src& src, const float2* act, int ntr, int tile, int D, int wrows) {
-  const int b = tile / ntr, t0 = (tile % ntr) * TILE;
-  const int n = (TILE + (TAPS - 1) * D) * CHUNKS;
+/* Fill tile `tile`'s window (generic pointer `buf` into shared memory) from x, by the producer
+   warpgroup (this thread `lane` of its PRODUCER): row r is position t0 + r of [history, act1(x)],
+   zero past the row's end. A thread's 16-byte items (ITEMS at most) are all loaded before any is
+   used: one latency, not one per load. The history rows (a row's first tile only, TILE >= H)
+   come from the pool, already activated, or are zeros without one. */
+#define ITEMS (((TILE + (TAPS - 1) * MAX_DILATION) * CHUNKS + PRODUCER - 1) / PRODUCER)
+__device__ __forceinline__ void fill_window(unsigned char* buf, const Src& src, const float2* act, int ntr, int tile,
+                                            int D, int wrows, int lane) {
+  const int b = tile / ntr, t0 = (tile % ntr) * TILE, n = (TILE + (TAPS - 1) * D) * CHUNKS;
   const bool pooled = src.kind == FROM_X_AND_POOL && t0 == 0;
   const u16* xb = src.x + (long long)b * src.sxb;
-  uint4 v[FILL_ITEMS];
+  uint4 v[ITEMS];
 #pragma unroll
-  for (int u = 0; u < FILL_ITEMS; ++u) {
-    const int i = threadIdx.x + u * THREADS, r = i / CHUNKS, s = t0 + r - src.H;
+  for (int u = 0; u < ITEMS; ++u) {
+    const int i = lane + u * PRODUCER, r = i / CHUNKS, s = t0 + r - src.H;
     v[u] = make_uint4(0, 0, 0, 0);
     if (i < n && s >= 0 && s < src.L) v[u] = ld16(xb + (long long)s * C + (i - r * CHUNKS) * 8);
   }
 #pragma unroll
-  for (int u = 0; u < FILL_ITEMS; ++u) {
-    const int i = threadIdx.x + u * THREADS, r = i / CHUNKS, c = i - r * CHUNKS, s = t0 + r - src.H;
+  for (int u = 0; u < ITEMS; ++u) {
+    const int i = lane + u * PRODUCER, r = i / CHUNKS, c = i - r * CHUNKS, s = t0 + r - src.H;
     if (i >= n || (pooled && s < 0)) continue;
     *(uint4*)(buf + (c * wrows + r) * 16) = (s >= 0 && s < src.L) ? snake8(v[u], act, c) : v[u];
   }
   if (pooled) {  /* time fastest: the pool is [C][H] per slot */
     const u16* pb = src.pool + src.slots[b] * (long long)src.spn;
 #pragma unroll 4
-    for (int i = threadIdx.x; i < src.H * C; i += THREADS) {
+    for (int i = lane; i < src.H * C; i += PRODUCER) {
       const int c = i / src.H, j = i - c * src.H;
       *(u16*)(buf + ((c >> 3) * wrows + j) * 16 + (c & 7) * 2) = pb[(long long)c * src.spc + j];
     }
@@ -210,17 +214,45 @@ __device__ __forceinline__ void store_out(u16* y, const float* acc, const u32* x
 }
 
 __device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-__device__ __forceinline__ void window_ready(int pending) {
-  if (pending) asm volatile("cp.async.wait_group 1;" ::: "memory");
-  else asm volatile("cp.async.wait_group 0;" ::: "memory");
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  /* the window's stores, seen by wgmma's proxy */
-  __syncthreads();
-}
 #define COMMIT() asm volatile("cp.async.commit_group;" ::: "memory")
 
-/* One tile at a time: the window of the next tile is copied (from xx) or filled (from x) while
-   this tile's products run, then this tile's tail. */
-extern "C" __global__ void __launch_bounds__(256, 1) unit_window(
+/* mbarriers: the hand-over of windows between the producer and the convs */
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+  asm volatile("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0]; }" :: "r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+  u32 done = 0;
+  while (!done)
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+}
+
+
+/* A tile's tail once its conv is done: SnakeBeta, the 1x1 conv, bias and residual, the output
+   (with conv_only, the conv plus b1) */
+__device__ __forceinline__ void finish_tile(u16* y, const float* acc, const u32* xres, int tile, const Ctx& k, int conv_only) {
+  if (conv_only) {
+    store_out(y, acc, xres, tile, k, true);
+    return;
+  }
+  u32 a[KSTEPS * 4];
+  float acc2[NACC];
+  snake_fragments(a, acc, k);
+  tail_mma(acc2, a, k);
+  wgmma_wait0();
+#pragma unroll
+  for (int i = 0; i < NACC; ++i) fence_operand(acc2[i]);
+  store_out(y, acc2, xres, tile, k, false);
+}
+
+/* Warp-specialized, one program per SM: a third warpgroup (PRODUCER threads) fills the windows,
+   up to two ahead, while the two others (THREADS) only run convs and tails. Windows change hands
+   by mbarriers: full[b] (the producer stored buffer b's window and fenced it for wgmma) and
+   empty[b] (both conv warpgroups' products from it are done, and write_history's reads). */
+extern "C" __global__ void __launch_bounds__(THREADS + PRODUCER, 1) unit_window(
     const u16* __restrict__ xx, const u16* __restrict__ x, const u16* __restrict__ wpack,
     const float* __restrict__ params, u16* __restrict__ y, u16* pool, const long long* __restrict__ slots,
     const long long* __restrict__ n_new, int kind, int sxxb, int nxx, int sxb, int B, int L, int D, int wrows,
@@ -228,7 +260,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) unit_window(
   extern __shared__ __align__(128) unsigned char smem[];
   const Src src = {xx, x, pool, slots, n_new, kind, sxxb, nxx, sxb, L, (TAPS - 1) * D, spn, spc, rate};
   Ctx k;
-  const u32 s0 = smem_u32(smem);
+  const u32 s0 = smem_u32(smem), full = s0 + BAR_OFF, empty = full + 16;  /* [2] each, 8 bytes a barrier */
   k.w1s = s0; k.w2s = s0 + W1_BYTES; k.win0 = s0 + WIN_OFF; k.winsz = (u32)wrows * C * 2;
   k.sp2 = (const float2*)(smem + PARAM_OFF);
   const float2* act = k.sp2 + 2 * C;
@@ -238,45 +270,42 @@ extern "C" __global__ void __launch_bounds__(256, 1) unit_window(
   k.ntr = (L + TILE - 1) / TILE; k.D = D; k.wrows = wrows; k.L = L; k.sxb = sxb;
   const int ntiles = B * k.ntr;
   for (int i = tid; i < (W1_BYTES + W2_BYTES) / 16; i += blockDim.x) cp16(s0 + i * 16, wpack + i * 8, 16);
-  for (int i = tid; i < 6 * C; i += blockDim.x) ((float*)(smem + PARAM_OFF))[i] = params[i];
-  __syncthreads();  /* act1's parameters, for the first window */
-  if (blockIdx.x < ntiles) {
-    if (kind == FROM_XX) load_window(k.win0, src, k.ntr, blockIdx.x, D, wrows);
-    else fill_window(smem + WIN_OFF, src, act, k.ntr, blockIdx.x, D, wrows);
+  for (int i = tid; i < PARAMS * C; i += blockDim.x) ((float*)(smem + PARAM_OFF))[i] = params[i];
+  if (tid == 0) {
+    mbar_init(full, PRODUCER); mbar_init(full + 8, PRODUCER);
+    mbar_init(empty, THREADS); mbar_init(empty + 8, THREADS);
   }
   COMMIT();
-  int tile = blockIdx.x;
-  for (int it = 0; tile < ntiles; ++it, tile += gridDim.x) {
-    const int next = tile + gridDim.x;
-    const u32 win = k.win0 + (it & 1) * k.winsz, win_next = k.win0 + ((it + 1) & 1) * k.winsz;
-    if (kind == FROM_XX) {
-      if (next < ntiles) load_window(win_next, src, k.ntr, next, D, wrows);
-      COMMIT();
-      window_ready(1);
-    } else {
-      window_ready(0);
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  /* the weights, seen by wgmma's proxy */
+  __syncthreads();  /* the weights, the parameters and the barriers, for everyone */
+  if (tid >= THREADS) {
+    const int lane = tid - THREADS;
+    for (int it = 0, tile = blockIdx.x; tile < ntiles; ++it, tile += gridDim.x) {
+      if (it >= 2) mbar_wait(empty + 8 * (it & 1), ((it - 2) >> 1) & 1);
+      if (kind == FROM_XX) {
+        load_window(k.win0 + (it & 1) * k.winsz, src, k.ntr, tile, D, wrows, lane);
+        COMMIT();
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+      } else {
+        fill_window(smem + WIN_OFF + (it & 1) * k.winsz, src, act, k.ntr, tile, D, wrows, lane);
+      }
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  /* this thread's stores, seen by wgmma's proxy */
+      mbar_arrive(full + 8 * (it & 1));
     }
+    return;
+  }
+  for (int it = 0, tile = blockIdx.x; tile < ntiles; ++it, tile += gridDim.x) {
     float acc[NACC];
     u32 xres[24];
-    conv_mma(acc, win, k);
-    load_residual(xres, x, tile, k);  /* in flight behind the products and the next window's loads */
+    load_residual(xres, x, tile, k);  /* in flight while the window is waited for */
+    mbar_wait(full + 8 * (it & 1), (it >> 1) & 1);
+    conv_mma(acc, k.win0 + (it & 1) * k.winsz, k);
     if (kind == FROM_X_AND_POOL && tile % k.ntr == 0) write_history(smem + WIN_OFF + (it & 1) * k.winsz, src, act, tile / k.ntr, wrows);
-    if (kind != FROM_XX && next < ntiles) fill_window(smem + WIN_OFF + ((it + 1) & 1) * k.winsz, src, act, k.ntr, next, D, wrows);
     wgmma_wait0();
 #pragma unroll
     for (int i = 0; i < NACC; ++i) fence_operand(acc[i]);
-    if (conv_only) {
-      store_out(y, acc, xres, tile, k, true);
-    } else {
-      u32 a[KSTEPS * 4];
-      float acc2[NACC];
-      snake_fragments(a, acc, k);
-      tail_mma(acc2, a, k);
-      wgmma_wait0();
-#pragma unroll
-      for (int i = 0; i < NACC; ++i) fence_operand(acc2[i]);
-      store_out(y, acc2, xres, tile, k, false);
-    }
-    __syncthreads();  /* this window's buffer is free for the tile after next */
+    mbar_arrive(empty + 8 * (it & 1));
+    finish_tile(y, acc, xres, tile, k, conv_only);
   }
 }

@@ -17,16 +17,23 @@ Where a window's rows come from (``Src.kind``): by default the kernel reads them
 history concat fused in (``LayerChoices.read_history``): the unit's input ``x`` through
 SnakeBeta (``act1``), after the row's history from the state pool (zeros without one), and the
 first tile of each row writes that row's new history back to the pool once its window holds the
-old one. The window of the next tile is filled while this tile's products run. Otherwise it is
-copied (``cp.async``) from the history concat ``xx`` that kernels/history.py made before.
+old one. Otherwise it is copied (``cp.async``) from the history concat ``xx`` that
+kernels/history.py made before.
+
+The work is split by warpgroup: a producer warpgroup (``PRODUCER`` threads) fills the windows,
+up to two tiles ahead into two buffers, and two warpgroups (``THREADS``) run the products and
+the tails, each owning 64 of a tile's samples. Windows change hands by mbarriers (full: filled and
+fenced for wgmma; empty: both warpgroups' products from it done), so the filling (loads,
+SnakeBeta) overlaps the tensor cores' work instead of taking turns with it.
 
 The tail is as in the Triton unit: the conv's fp32 accumulator plus ``b1`` goes through SnakeBeta
 in registers, is rounded once to bf16, and is the register operand of the 1x1 conv's wgmma; its
 bias and the residual ``x`` join that accumulator before the one rounding to the output.
 
-Two warpgroups each own 64 of a tile's samples. bf16 only, 96 channels, ``d <= MAX_DILATION``
-(a pipelined form, the next tile's products issued before this tile's tail, was slower per unit:
-BENCHMARKS.md, sessions 28-31).
+bf16 only, 96 channels, ``d <= MAX_DILATION``. Slower forms, measured and dropped (BENCHMARKS.md):
+the next tile's products issued before this tile's tail (sessions 28-31); all eight warps
+filling the next window, between the taps' products or after them, and the two warpgroups a
+half tile apart in turn (session 33).
 """
 
 from __future__ import annotations
@@ -44,13 +51,15 @@ from code2wav.kernels.unit import sm_count
 C = 96  # channels: the kernel's N, 12 chunks of 8
 TAPS = 7
 TILE = 128  # output samples a tile (two warpgroups of 64); >= 6 d, so only a row's first tile reads its history
-THREADS = 256
+THREADS = 256  # the two warpgroups that run the convs
+PRODUCER = 128  # the warpgroup that fills the windows
 SMEM_LIMIT = 232_448  # H100/H200 per-block opt-in maximum
 MAX_DILATION = 13  # the largest whose two windows fit beside the weights (smem_bytes <= SMEM_LIMIT)
 PARAMS = 6  # per-channel fp32 rows: b1, e^alpha2, 1 / (e^beta2 + 1e-9), b2, e^alpha1, 1 / (e^beta1 + 1e-9)
 _W1_BYTES = TAPS * C * C * 2
 _W2_BYTES = C * C * 2
 _PARAM_BYTES = PARAMS * C * 4
+_BAR_BYTES = 128  # unit_window_ws's four mbarriers, the windows kept 128-byte aligned
 FROM_XX, FROM_X, FROM_X_AND_POOL = 0, 1, 2  # Src.kind: where a window's rows come from
 
 
@@ -61,7 +70,7 @@ def window_rows(dilation: int) -> int:
 
 
 def smem_bytes(dilation: int) -> int:
-    return _W1_BYTES + _W2_BYTES + _PARAM_BYTES + 2 * window_rows(dilation) * C * 2
+    return _W1_BYTES + _W2_BYTES + _PARAM_BYTES + _BAR_BYTES + 2 * window_rows(dilation) * C * 2
 
 
 def _mma_ss(n: int) -> str:
@@ -88,10 +97,10 @@ __device__ __forceinline__ void mma_rs(float* d, const u32* a, u64 db) {{
 }}"""
 
 
-FILL_ITEMS = -(-(TILE + (TAPS - 1) * MAX_DILATION) * (C // 8) // THREADS)  # a thread's 16-byte loads of one window, at most
 SOURCE = ("typedef unsigned int u32;\ntypedef unsigned long long u64;\ntypedef unsigned short u16;\n"
-          + f"#define FILL_ITEMS {FILL_ITEMS}\n#define FROM_XX {FROM_XX}\n#define FROM_X {FROM_X}\n"
-          + f"#define FROM_X_AND_POOL {FROM_X_AND_POOL}\n" + _mma_ss(C) + _mma_rs(C) + (Path(__file__).parent / "unit_window.cu").read_text())
+          + f"#define MAX_DILATION {MAX_DILATION}\n#define PARAMS {PARAMS}\n#define FROM_XX {FROM_XX}\n"
+          + f"#define FROM_X {FROM_X}\n#define FROM_X_AND_POOL {FROM_X_AND_POOL}\n" + _mma_ss(C) + _mma_rs(C)
+          + (Path(__file__).parent / "unit_window.cu").read_text())
 
 
 def applies(x: Tensor, rows_min: int, dilation: int) -> bool:
@@ -177,7 +186,7 @@ def unit_window(x: Tensor, wpack: Tensor, params: Tensor, dilation: int, xx: Ten
     grid = min(B * -(-L // TILE), sm_count(x.device))
     kern = _kernel(x.device.index or 0, smem_bytes(MAX_DILATION))  # one opt-in serves every dilation
     p = pool if pool is not None else x  # never read without a pool
-    kern(grid=(grid, 1, 1), block=(THREADS, 1, 1), shared_mem=smem,
+    kern(grid=(grid, 1, 1), block=(THREADS + PRODUCER, 1, 1), shared_mem=smem,
          args=[xx if xx is not None else x, x, wpack, params, y, p, slots if pool is not None else x,
                n_new if pool is not None else x, kind, xx.stride(0) if xx is not None else 0,
                xx.shape[-1] if xx is not None else 0, x.stride(0), B, L, dilation, window_rows(dilation),
