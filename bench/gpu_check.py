@@ -92,7 +92,8 @@ def main() -> int:
     del m32c
 
     # 3. bf16 graph stream SNR vs fp32.
-    snr = snr_db(ref, graph_stream(mbf, codes).float())
+    s_bf16 = graph_stream(mbf, codes)
+    snr = snr_db(ref, s_bf16.float())
     with torch.no_grad():
         whole_bf16 = mbf(codes[:120].T[None].cuda())[0, 0][40 * SPF :].float().cpu()
     snr_whole = snr_db(ref, whole_bf16)
@@ -172,6 +173,13 @@ def main() -> int:
         snr_uw = snr_db(ref, graph_stream(load(weights, torch.bfloat16, "cuda", layers=triton_units), codes).float())
         check("96-channel units as the Triton kernel: bf16 stream SNR >= 30 dB", snr_uw >= 30.0,
               f"{snr_uw:.1f} dB (default layers, the wgmma kernel: {snr:.1f} dB)")
+        # Two warpgroups filling the window unit's windows (window_producers=2) compute the
+        # same values as one: the bf16 stream equal to the default's.
+        two = replace(m32.layer_choices, window_producers=2)
+        s_two = graph_stream(load(weights, torch.bfloat16, "cuda", layers=two), codes)
+        apart_two = (s_two.float() - s_bf16.float()).abs().max().item()
+        check("window_producers=2: the bf16 stream equal to the default's", apart_two == 0.0,
+              f"max difference {apart_two:.3g}; {snr_db(ref, s_two.float()):.1f} dB")
     # 3b''. The window unit and the output conv read their own history by default
     # (read_history=True); the other form, the history concat before them (read_history=False):
     # the fp32 stream within check 2's bound, the bf16 stream within the SNR bound. And the

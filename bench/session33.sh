@@ -10,6 +10,8 @@
 #   bash bench/session33.sh c   the same for a warp-specialized window unit (a third warpgroup fills
 #                               the windows) against the one filling them between the taps
 #   bash bench/session33.sh d   every GPU check, then the record at the default (the warp-specialized unit alone)
+#   bash bench/session33.sh e   (not yet run) one or two warpgroups filling the window unit's windows
+#                               (layers.window_producers): checks, timings, the record alternating
 #   (b and c ran A/B forms selected by environment variables that were dropped with the losers:
 #   BENCHMARKS.md, session 33)
 source bench/device_env.sh
@@ -24,6 +26,18 @@ window_ncu() {  # $1: dilation
   ncu --import "$OUT/window_d$1.ncu-rep" --page source --csv --print-source sass > "$OUT/window_d$1_sass.csv" 2>&1
   wc -c "$OUT/window_d$1_sass.csv" | tee -a "$log"
 }
+# The window unit's checks and timings, ncu at d=9, then the record: the form on ($1), with the
+# environment variable $3 at 0 (the form off, $2), on again.
+window_ab() {
+  stamp "the window unit, $1 against $2 (bench/unit_window.py)"
+  timeout 150 python3 bench/unit_window.py 1x1,16x1,1x25,16x25,20x25 2>&1 | grep -v Warning | tee "$OUT/unit_window.txt" | tee -a "$log"
+  grep -q "^PASS" "$OUT/unit_window.txt" || exit 1
+  stamp "the window unit ($1) under ncu, d=9"
+  window_ncu 9
+  sustained_levels "$1_1"
+  export "$3=0"; sustained_levels "$2_1"; unset "$3"
+  sustained_levels "$1_2"
+}
 case "${1:-}" in
 a)
   stamp "the window unit under ncu, d=9"
@@ -33,25 +47,16 @@ a)
   stamp "every GPU check"
   timeout 300 python3 bench/gpu_check.py 2>&1 | grep -v Warning | tee "$OUT/gpu_check.txt" | grep -E "FAIL|SUMMARY" | tee -a "$log"
   ;;
-b)
-  stamp "the window unit, the fill between the taps (bench/unit_window.py)"
-  timeout 150 python3 bench/unit_window.py "${2:-1x1,16x1,1x25,16x25,20x25}" 2>&1 | grep -v Warning | tee "$OUT/unit_window.txt" | tee -a "$log"
+b) window_ab pingpong instep CODE2WAV_WINDOW_PINGPONG ;;
+c) window_ab ws taps CODE2WAV_WINDOW_WS ;;
+e)
+  stamp "the window unit, one or two warpgroups filling its windows (bench/unit_window.py)"
+  timeout 150 python3 bench/unit_window.py 1x1,16x1,1x25,16x25,20x25 2>&1 | grep -v Warning | tee "$OUT/unit_window.txt" | tee -a "$log"
   grep -q "^PASS" "$OUT/unit_window.txt" || exit 1
-  stamp "the window unit under ncu, d=9"
-  window_ncu 9
-  sustained_levels pingpong_1
-  export CODE2WAV_WINDOW_PINGPONG=0; sustained_levels instep_1; unset CODE2WAV_WINDOW_PINGPONG
-  sustained_levels pingpong_2
-  ;;
-c)
-  stamp "the window unit, warp-specialized or filled between the taps (bench/unit_window.py)"
-  timeout 150 python3 bench/unit_window.py "${2:-1x1,16x1,1x25,16x25,20x25}" 2>&1 | grep -v Warning | tee "$OUT/unit_window.txt" | tee -a "$log"
-  grep -q "^PASS" "$OUT/unit_window.txt" || exit 1
-  stamp "the warp-specialized window unit under ncu, d=9"
-  window_ncu 9
-  sustained_levels ws_1
-  export CODE2WAV_WINDOW_WS=0; sustained_levels taps_1; unset CODE2WAV_WINDOW_WS
-  sustained_levels ws_2
+  sustained_levels one_1
+  sustained_levels two_1 --set layers.window_producers=2
+  sustained_levels one_2
+  sustained_levels two_2 --set layers.window_producers=2
   ;;
 d)
   stamp "every GPU check"
@@ -59,5 +64,5 @@ d)
   sustained_levels default_1
   ;;
 *)
-  echo "usage: bash bench/session33.sh a|b|c|d" >&2; exit 2 ;;
+  echo "usage: bash bench/session33.sh a|b|c|d|e" >&2; exit 2 ;;
 esac

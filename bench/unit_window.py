@@ -3,8 +3,9 @@ kernels/unit_conv.py's Triton unit, on the GPU: the conv alone (``conv_only``) a
 against a float32 unit (SNR, max error), at each dilation and at step shapes from one frame to
 16 x 25 (ragged lengths included); then the window the kernel fills itself (the history read
 from the pool, act1 applied, the new history written back) against the history concat
-(kernels/history.py) and the kernel reading it: outputs and pools the same; then the graph-replayed
-time of each. argv: [shapes, default 1x1,16x1,1x25,16x25,20x25] [replays of each timing, default 10].
+(kernels/history.py) and the kernel reading it: outputs and pools the same, and the same bit for
+bit with two warpgroups filling the windows (``producers=2``); then the graph-replayed time of
+each. argv: [shapes, default 1x1,16x1,1x25,16x25,20x25] [replays of each timing, default 10].
 """
 
 from __future__ import annotations
@@ -107,6 +108,10 @@ def check_history(x, wb, wpack, params, d: int, rate: int) -> bool:
     xx1 = history_cat(x, H, pool_ref, slots, act1, n_new=n_new, rate=rate)
     y1 = unit_window.unit_window(x, wpack, params, d, xx=xx1)
     y1_got = unit_window.unit_window(x, wpack, params, d, pool=pool_got, slots=slots, n_new=n_new, rate=rate)
+    pool_two = pool.clone()  # two warpgroups filling the windows: the same outputs and pool, bit for bit
+    y1_two = unit_window.unit_window(x, wpack, params, d, pool=pool_two, slots=slots, n_new=n_new, rate=rate, producers=2)
+    y_two = unit_window.unit_window(x, wpack, params, d, xx=xx0, producers=2)
+    two = torch.equal(y1_two, y1_got) and torch.equal(pool_two, pool_got) and torch.equal(y_two, y0)
     ref = reference(xx1, x, wb, d)
     s_ref, s_got = snr(ref, y1), snr(ref, y1_got)
     # The same but for SnakeBeta's e^alpha: torch's (the packed parameters) vs Triton's exp in
@@ -114,9 +119,11 @@ def check_history(x, wb, wpack, params, d: int, rate: int) -> bool:
     # window value a bf16 step off, so an output a few steps off): rare, and no loss in SNR.
     rare = lambda a, b: (a.float() != b.float()).float().mean().item() < 1e-3  # noqa: E731
     near = lambda a, b: ((a.float() - b.float()).abs() <= 2 ** -7 * b.float().abs() + 1e-6).all().item()  # noqa: E731
-    good = rare(y, y0) and rare(y1_got, y1) and s_got > s_ref - 0.1 and rare(pool_got, pool_ref) and near(pool_got, pool_ref)
+    good = (rare(y, y0) and rare(y1_got, y1) and s_got > s_ref - 0.1 and rare(pool_got, pool_ref) and near(pool_got, pool_ref)
+            and two)
     print(f"      history d={d} rate={rate}: zeros: {diff(y, y0)}; pool: out {diff(y1_got, y1)}, "
-          f"{s_got:5.1f} vs {s_ref:5.1f} dB; pool written: {diff(pool_got, pool_ref)}" + ("  ok" if good else "  FAIL"), flush=True)
+          f"{s_got:5.1f} vs {s_ref:5.1f} dB; pool written: {diff(pool_got, pool_ref)}; two filling warpgroups "
+          + ("the same" if two else "DIFFER") + ("  ok" if good else "  FAIL"), flush=True)
     return good
 
 
@@ -125,7 +132,7 @@ def timings(w, shapes, replays: int) -> None:
     wpack, params = packed(wb)
     act1 = (wb["alpha1"], wb["beta1"])
     print("rows x frames, d: the Triton unit; the history concat, the window unit from it, both; the window unit "
-          "reading the history itself, us (TFLOP/s)")
+          "reading the history itself with one / two warpgroups filling the windows, us (TFLOP/s)")
     for (B, T) in shapes:
         for d in (1, 9):
             L = T * SPF
@@ -137,11 +144,13 @@ def timings(w, shapes, replays: int) -> None:
             cat = timed_in_graph(lambda: history_cat(x, (K - 1) * d, pool, slots, act1, n_new=n_new, rate=SPF),  # noqa: B023
                                  calls=20, replays=replays)
             win = timed_in_graph(lambda: unit_window.unit_window(x, wpack, params, d, xx=xx), calls=20, replays=replays)  # noqa: B023
-            fused = timed_in_graph(lambda: unit_window.unit_window(x, wpack, params, d, pool=pool, slots=slots,  # noqa: B023
-                                                                   n_new=n_new, rate=SPF), calls=20, replays=replays)
+            fused = [timed_in_graph(lambda: unit_window.unit_window(x, wpack, params, d, pool=pool, slots=slots,  # noqa: B023
+                                                                    n_new=n_new, rate=SPF, producers=n),  # noqa: B023
+                                    calls=20, replays=replays) for n in (1, 2)]
             flop = 2 * B * L * C * C * (K + 1)
             print(f"{B:3d} x {T:2d}, d={d}: triton {tri:8.1f}; concat {cat:7.1f} + window {win:8.1f} ({flop / win / 1e6:5.1f}) "
-                  f"= {cat + win:8.1f}; reading the history {fused:8.1f} ({flop / fused / 1e6:5.1f})", flush=True)
+                  f"= {cat + win:8.1f}; reading the history, one / two filling warpgroups "
+                  f"{fused[0]:8.1f} ({flop / fused[0] / 1e6:5.1f}) / {fused[1]:8.1f} ({flop / fused[1] / 1e6:5.1f})", flush=True)
 
 
 def main() -> int:

@@ -108,3 +108,18 @@ def test_the_history_it_reads_must_be_the_layers_pool_rows():
         uw.unit_window(x, *w, d, pool=pool, slots=rows, n_new=None)
     with pytest.raises(ValueError, match="xx has"):
         uw.unit_window(x, *w, d, xx=x)  # no room for the history
+
+
+def test_one_or_two_warpgroups_fill_the_windows():
+    """``LayerChoices.window_producers`` picks how many warpgroups fill the windows: 1 or 2, and
+    nothing else reaches a launch, from the layer choices or the kernel's own call."""
+    from code2wav.model.choices import LayerChoices
+
+    assert LayerChoices().window_producers == 1
+    assert LayerChoices(window_producers=2).window_producers == 2
+    for n in (0, 3):
+        with pytest.raises(ValueError, match="window_producers"):
+            LayerChoices(window_producers=n)
+    x = torch.zeros(2, 4000, C, dtype=torch.bfloat16).transpose(1, 2)
+    with pytest.raises(ValueError, match="producers=3"):
+        uw.unit_window(x, torch.zeros(1), torch.zeros(1), 3, producers=3)

@@ -1,5 +1,5 @@
 /* The CUDA C++ of kernels/unit_window.py (its docstring says what the kernel does); that module
-   prepends the typedefs, MAX_DILATION, PARAMS, the FROM_* kinds and the wgmma wrappers mma_ss / mma_rs,
+   prepends PRODUCER, the typedefs, MAX_DILATION, PARAMS, the FROM_* kinds and the wgmma wrappers mma_ss / mma_rs,
    and NVRTC compiles it for sm_90a. */
 #define C 96
 #define NACC 48          /* m64n96 fp32 accumulator: 48 values a thread */
@@ -8,7 +8,7 @@
 #define TAPS 7
 #define TILE 128
 #define THREADS 256     /* the two warpgroups that run the convs */
-#define PRODUCER 128    /* the warpgroup that fills the windows */
+/* PRODUCER (prepended by kernels/unit_window.py): 128 or 256, the threads that fill the windows */
 #define W1_BYTES (TAPS * CHUNKS * C * 16)
 #define W2_BYTES (CHUNKS * C * 16)
 #define PARAM_OFF (W1_BYTES + W2_BYTES)
@@ -279,6 +279,13 @@ extern "C" __global__ void __launch_bounds__(THREADS + PRODUCER, 1) unit_window(
   asm volatile("cp.async.wait_group 0;" ::: "memory");
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  /* the weights, seen by wgmma's proxy */
   __syncthreads();  /* the weights, the parameters and the barriers, for everyone */
+#if PRODUCER > 128
+  /* Two filling warpgroups: at 512 threads a thread gets 128 registers; the fill needs fewer,
+     the products' accumulators more, so the file is split 104 / 152 (2 x 128 x (104 + 152) =
+     65536, the largest split ptxas fits both sides in without spills). */
+  if (tid >= THREADS) asm volatile("setmaxnreg.dec.sync.aligned.u32 104;");
+  else asm volatile("setmaxnreg.inc.sync.aligned.u32 152;");
+#endif
   if (tid >= THREADS) {
     const int lane = tid - THREADS;
     for (int it = 0, tile = blockIdx.x; tile < ntiles; ++it, tile += gridDim.x) {

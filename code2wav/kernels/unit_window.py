@@ -52,7 +52,7 @@ C = 96  # channels: the kernel's N, 12 chunks of 8
 TAPS = 7
 TILE = 128  # output samples a tile (two warpgroups of 64); >= 6 d, so only a row's first tile reads its history
 THREADS = 256  # the two warpgroups that run the convs
-PRODUCER = 128  # the warpgroup that fills the windows
+PRODUCER = 128  # threads of a warpgroup that fills the windows (``producers`` of them)
 SMEM_LIMIT = 232_448  # H100/H200 per-block opt-in maximum
 MAX_DILATION = 13  # the largest whose two windows fit beside the weights (smem_bytes <= SMEM_LIMIT)
 PARAMS = 6  # per-channel fp32 rows: b1, e^alpha2, 1 / (e^beta2 + 1e-9), b2, e^alpha1, 1 / (e^beta1 + 1e-9)
@@ -134,12 +134,12 @@ def pack(w1: Tensor, w2: Tensor, b1: Tensor, alpha: Tensor, beta: Tensor, b2: Te
 
 
 @functools.cache
-def _kernel(device_index: int, smem: int):
+def _kernel(device_index: int, smem: int, producers: int):
     from torch.cuda import _utils
 
     name = "unit_window"
     with torch.cuda.device(device_index):
-        out = _utils._nvrtc_compile(SOURCE, name, "90a", nvcc_options=["-std=c++17"])
+        out = _utils._nvrtc_compile(f"#define PRODUCER {PRODUCER * producers}\n" + SOURCE, name, "90a", nvcc_options=["-std=c++17"])
         ptx = out[0] if isinstance(out, tuple) else out  # (ptx, lowered name) in newer torch
         kern = _utils._cuda_load_module(ptx, [name])[name]
     if hasattr(kern, "set_shared_memory_config"):
@@ -153,7 +153,7 @@ def _kernel(device_index: int, smem: int):
 
 def unit_window(x: Tensor, wpack: Tensor, params: Tensor, dilation: int, xx: Tensor | None = None,
                 pool: Tensor | None = None, slots: Tensor | None = None, n_new: Tensor | None = None,
-                rate: int = 1, conv_only: bool = False) -> Tensor:
+                rate: int = 1, conv_only: bool = False, producers: int = 1) -> Tensor:
     """A 96-channel residual unit, ``x + conv1x1(act2(conv7(act1(x) after its history)))``, as
     kernels/unit_conv.unit_conv computes it from the history concat, from ``pack``'s weights.
 
@@ -161,7 +161,8 @@ def unit_window(x: Tensor, wpack: Tensor, params: Tensor, dilation: int, xx: Ten
     otherwise the kernel makes it itself: ``pool[slots]`` (``[slots, C, 6 d]`` bf16, each row's
     history; zeros without a pool) then ``act1(x)``, and writes each row's new history, ending
     at sample ``n_new[b] * rate``, back to the pool (as history_cat would). ``conv_only``: the
-    k=7 conv plus ``b1`` alone (tests)."""
+    k=7 conv plus ``b1`` alone (tests). ``producers``: the warpgroups that fill the windows
+    (``LayerChoices.window_producers``: 1 or 2)."""
     B, Cx, L = x.shape
     H = (TAPS - 1) * dilation
     if Cx != C or x.dtype != torch.bfloat16 or (xx is not None and xx.dtype != torch.bfloat16):
@@ -178,15 +179,17 @@ def unit_window(x: Tensor, wpack: Tensor, params: Tensor, dilation: int, xx: Ten
         for name, t in (("slots", slots), ("n_new", n_new)):
             if t is None or t.dtype != torch.long or t.shape != (B,) or t.stride(0) != 1:
                 raise ValueError(f"{name} must be a contiguous int64 tensor of {B} rows with the pool")
+    if producers not in (1, 2):
+        raise ValueError(f"unit_window fills its windows with 1 or 2 warpgroups, got producers={producers}")
     smem = smem_bytes(dilation)
     if smem > SMEM_LIMIT:
         raise ValueError(f"dilation {dilation} needs {smem} bytes of shared memory, over {SMEM_LIMIT}")
     kind = FROM_XX if xx is not None else FROM_X_AND_POOL if pool is not None else FROM_X
     y = torch.empty(B, L, C, device=x.device, dtype=x.dtype)
     grid = min(B * -(-L // TILE), sm_count(x.device))
-    kern = _kernel(x.device.index or 0, smem_bytes(MAX_DILATION))  # one opt-in serves every dilation
+    kern = _kernel(x.device.index or 0, smem_bytes(MAX_DILATION), producers)  # one opt-in serves every dilation
     p = pool if pool is not None else x  # never read without a pool
-    kern(grid=(grid, 1, 1), block=(THREADS + PRODUCER, 1, 1), shared_mem=smem,
+    kern(grid=(grid, 1, 1), block=(THREADS + PRODUCER * producers, 1, 1), shared_mem=smem,
          args=[xx if xx is not None else x, x, wpack, params, y, p, slots if pool is not None else x,
                n_new if pool is not None else x, kind, xx.stride(0) if xx is not None else 0,
                xx.shape[-1] if xx is not None else 0, x.stride(0), B, L, dilation, window_rows(dilation),

@@ -57,6 +57,10 @@ class LayerChoices:
     # and write the new history back (False: kernels/history.py's history concat first, an extra
     # pass writing and reading the activation).
     read_history: bool = True
+    # Warpgroups of the window unit that fill its windows (1 or 2) beside the two that run its
+    # products: 2 splits the register file unevenly between them (setmaxnreg), not yet measured
+    # on a GPU (BENCHMARKS.md, session 33).
+    window_producers: int = 1
     # A ConvTranspose upsampler with history (k = 2s) as one Triton GEMM over row pairs
     # (kernels/convt.py) in steps of at least this many input rows (0: never; its two cuBLAS
     # products, the second reading the output back). 1: every step, at the widths
@@ -89,6 +93,8 @@ class LayerChoices:
         for name in ("conv_gemm_rows", "unit_conv_rows", "unit_window_rows", "convt_kernel_rows", "attention_frames"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.window_producers not in (1, 2):
+            raise ValueError(f"window_producers must be 1 or 2, got {self.window_producers}")
 
 
 DEFAULT_CHOICES = LayerChoices()

@@ -257,8 +257,10 @@ class ResidualUnit(nn.Module):
         pool = step.pool[self.conv1.state_key] if step is not None else None
         if self.choices.read_history and (pool is None or pool.dtype == x.dtype):
             slots, n_new = _rows_of(step)
-            return unit_window.unit_window(x, *self.window_weights(), d, pool=pool, slots=slots, n_new=n_new, rate=self.conv1.rate)
-        return unit_window.unit_window(x, *self.window_weights(), d, xx=self.conv1._with_history(x, step, self.act1))
+            return unit_window.unit_window(x, *self.window_weights(), d, pool=pool, slots=slots, n_new=n_new, rate=self.conv1.rate,
+                                           producers=self.choices.window_producers)
+        return unit_window.unit_window(x, *self.window_weights(), d, xx=self.conv1._with_history(x, step, self.act1),
+                                       producers=self.choices.window_producers)
 
     def forward(self, x: Tensor, step: Step | None = None) -> Tensor:
         d = self.conv1.conv.dilation[0]
