@@ -9,7 +9,8 @@
 #                               timings (bench/unit_window.py), ncu at d=9, the record for both
 #   bash bench/session33.sh c   the same for a warp-specialized window unit (a third warpgroup fills
 #                               the windows) against the one filling them between the taps
-#   bash bench/session33.sh d   every GPU check, then the record at the default (the warp-specialized unit alone)
+#   bash bench/session33.sh d   every GPU check (400 s; call 4 ran it under 280 s, too few on a fresh
+#                               machine), then the record at the default (the warp-specialized unit alone)
 #   bash bench/session33.sh e   (not yet run) one or two warpgroups filling the window unit's windows
 #                               (layers.window_producers): checks, timings, the record alternating
 #   (b and c ran A/B forms selected by environment variables that were dropped with the losers:
@@ -60,7 +61,7 @@ e)
   ;;
 d)
   stamp "every GPU check"
-  timeout 280 python3 bench/gpu_check.py 2>&1 | grep -v Warning | tee "$OUT/gpu_check.txt" | grep -E "FAIL|SUMMARY" | tee -a "$log"
+  timeout 400 python3 bench/gpu_check.py 2>&1 | grep -v Warning | tee "$OUT/gpu_check.txt" | grep -E "FAIL|SUMMARY" | tee -a "$log"
   sustained_levels default_1
   ;;
 *)
