@@ -180,6 +180,13 @@ def main() -> int:
         apart_two = (s_two.float() - s_bf16.float()).abs().max().item()
         check("window_producers=2: the bf16 stream equal to the default's", apart_two == 0.0,
               f"max difference {apart_two:.3g}; {snr_db(ref, s_two.float()):.1f} dB")
+        # The 384-channel units' tail as the CUDA C++ kernel (tail_wide_rows=1) against the
+        # default's three passes: the bf16 stream within the SNR bound and as close to the
+        # float64 stream as the default's.
+        tails = replace(m32.layer_choices, tail_wide_rows=1)
+        snr_tw = snr_db(ref, graph_stream(load(weights, torch.bfloat16, "cuda", layers=tails), codes).float())
+        check("tail_wide_rows=1 (the 384-channel tails as one kernel): bf16 stream SNR >= 30 dB, within 0.3 dB of the default's",
+              snr_tw >= 30.0 and snr_tw >= snr - 0.3, f"{snr_tw:.1f} dB (default layers {snr:.1f} dB)")
     # 3b''. The window unit and the output conv read their own history by default
     # (read_history=True); the other form, the history concat before them (read_history=False):
     # the fp32 stream within check 2's bound, the bf16 stream within the SNR bound. And the

@@ -38,13 +38,11 @@ half tile apart in turn (session 33).
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
-
 import torch
 from torch import Tensor
 
-from code2wav.kernels import instant
+from code2wav.kernels import instant, sm90
+from code2wav.kernels.sm90 import SMEM_LIMIT
 from code2wav.kernels.snake import is_channels_last
 from code2wav.kernels.unit import sm_count
 
@@ -53,7 +51,6 @@ TAPS = 7
 TILE = 128  # output samples a tile (two warpgroups of 64); >= 6 d, so only a row's first tile reads its history
 THREADS = 256  # the two warpgroups that run the convs
 PRODUCER = 128  # threads of a warpgroup that fills the windows (``producers`` of them)
-SMEM_LIMIT = 232_448  # H100/H200 per-block opt-in maximum
 MAX_DILATION = 13  # the largest whose two windows fit beside the weights (smem_bytes <= SMEM_LIMIT)
 PARAMS = 6  # per-channel fp32 rows: b1, e^alpha2, 1 / (e^beta2 + 1e-9), b2, e^alpha1, 1 / (e^beta1 + 1e-9)
 _W1_BYTES = TAPS * C * C * 2
@@ -73,34 +70,11 @@ def smem_bytes(dilation: int) -> int:
     return _W1_BYTES + _W2_BYTES + _PARAM_BYTES + _BAR_BYTES + 2 * window_rows(dilation) * C * 2
 
 
-def _mma_ss(n: int) -> str:
-    d = ", ".join(f"%{i}" for i in range(n // 2))
-    outs = ", ".join(f'"+f"(d[{i}])' for i in range(n // 2))
-    k = n // 2
-    return f"""
-__device__ __forceinline__ void mma_ss(float* d, u64 da, u64 db) {{
-  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{k + 2}, 0;\\n"
-    "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{d}}}, %{k}, %{k + 1}, p, 1, 1, 0, 0;\\n}}\\n"
-    : {outs} : "l"(da), "l"(db), "r"(1));
-}}"""
-
-
-def _mma_rs(n: int) -> str:
-    k = n // 2
-    d = ", ".join(f"%{i}" for i in range(k))
-    outs = ", ".join(f'"+f"(d[{i}])' for i in range(k))
-    return f"""
-__device__ __forceinline__ void mma_rs(float* d, const u32* a, u64 db) {{
-  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{k + 5}, 0;\\n"
-    "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{d}}}, {{%{k}, %{k + 1}, %{k + 2}, %{k + 3}}}, %{k + 4}, p, 1, 1, 0;\\n}}\\n"
-    : {outs} : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-}}"""
-
-
-SOURCE = ("typedef unsigned int u32;\ntypedef unsigned long long u64;\ntypedef unsigned short u16;\n"
-          + f"#define MAX_DILATION {MAX_DILATION}\n#define PARAMS {PARAMS}\n#define FROM_XX {FROM_XX}\n"
-          + f"#define FROM_X {FROM_X}\n#define FROM_X_AND_POOL {FROM_X_AND_POOL}\n" + _mma_ss(C) + _mma_rs(C)
-          + (Path(__file__).parent / "unit_window.cu").read_text())
+def source(producers: int) -> str:
+    """The kernel's whole source for ``producers`` filling warpgroups (kernels/sm90.source)."""
+    defines = {"PRODUCER": PRODUCER * producers, "MAX_DILATION": MAX_DILATION, "PARAMS": PARAMS, "FROM_XX": FROM_XX,
+               "FROM_X": FROM_X, "FROM_X_AND_POOL": FROM_X_AND_POOL}
+    return sm90.source("unit_window.cu", defines, sm90.mma_ss(C) + sm90.mma_rs(C))
 
 
 def applies(x: Tensor, rows_min: int, dilation: int) -> bool:
@@ -108,13 +82,8 @@ def applies(x: Tensor, rows_min: int, dilation: int) -> bool:
     bf16 channels-last activations of 96 channels on an sm90 GPU, a dilation whose window fits."""
     B, Cx, L = x.shape
     return (rows_min > 0 and B * L >= rows_min and Cx == C and x.is_cuda and x.dtype == torch.bfloat16
-            and is_channels_last(x) and smem_bytes(dilation) <= SMEM_LIMIT and _sm90(x.device.index or 0)
+            and is_channels_last(x) and smem_bytes(dilation) <= SMEM_LIMIT and sm90.is_sm90(x.device.index or 0)
             and not instant.active())
-
-
-@functools.cache
-def _sm90(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index) == (9, 0)
 
 
 def pack(w1: Tensor, w2: Tensor, b1: Tensor, alpha: Tensor, beta: Tensor, b2: Tensor, alpha1: Tensor,
@@ -131,24 +100,6 @@ def pack(w1: Tensor, w2: Tensor, b1: Tensor, alpha: Tensor, beta: Tensor, b2: Te
     snake_rows = lambda a, b: [f(a).exp(), 1.0 / (f(b).exp() + 1e-9)]  # noqa: E731
     params = torch.stack([f(b1), *snake_rows(alpha, beta), f(b2), *snake_rows(alpha1, beta1)]).contiguous()
     return wpack, params
-
-
-@functools.cache
-def _kernel(device_index: int, smem: int, producers: int):
-    from torch.cuda import _utils
-
-    name = "unit_window"
-    with torch.cuda.device(device_index):
-        out = _utils._nvrtc_compile(f"#define PRODUCER {PRODUCER * producers}\n" + SOURCE, name, "90a", nvcc_options=["-std=c++17"])
-        ptx = out[0] if isinstance(out, tuple) else out  # (ptx, lowered name) in newer torch
-        kern = _utils._cuda_load_module(ptx, [name])[name]
-    if hasattr(kern, "set_shared_memory_config"):
-        kern.set_shared_memory_config(smem)
-    else:  # older torch: the driver call itself (8: CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
-        lib = getattr(_utils, "_get_gpu_runtime_library", None) or _utils._get_cuda_library
-        if lib().cuFuncSetAttribute(kern.func, 8, smem) != 0:
-            raise RuntimeError(f"unit_window: cannot raise the kernel's shared memory to {smem} bytes")
-    return kern
 
 
 def unit_window(x: Tensor, wpack: Tensor, params: Tensor, dilation: int, xx: Tensor | None = None,
@@ -187,7 +138,7 @@ def unit_window(x: Tensor, wpack: Tensor, params: Tensor, dilation: int, xx: Ten
     kind = FROM_XX if xx is not None else FROM_X_AND_POOL if pool is not None else FROM_X
     y = torch.empty(B, L, C, device=x.device, dtype=x.dtype)
     grid = min(B * -(-L // TILE), sm_count(x.device))
-    kern = _kernel(x.device.index or 0, smem_bytes(MAX_DILATION), producers)  # one opt-in serves every dilation
+    kern = sm90.load(x.device.index or 0, source(producers), "unit_window", smem_bytes(MAX_DILATION))  # one opt-in serves every dilation
     p = pool if pool is not None else x  # never read without a pool
     kern(grid=(grid, 1, 1), block=(THREADS + PRODUCER * producers, 1, 1), shared_mem=smem,
          args=[xx if xx is not None else x, x, wpack, params, y, p, slots if pool is not None else x,

@@ -40,6 +40,10 @@ class LayerChoices:
     # was slower), the 1x1 conv, its bias and the residual add as that kernel's plain GEMM after
     # the separate SnakeBeta pass (False: cuDNN's 1x1 conv, then the residual add kernel).
     wide_tail: bool = False
+    # At 384 channels, that whole tail (SnakeBeta with conv1's bias, the 1x1 conv, its bias and
+    # the residual) as kernels/tail_wide.py's CUDA C++ kernel in steps of at least this many
+    # output samples (0: never). bf16 on sm90 only; it takes precedence over ``wide_tail``.
+    tail_wide_rows: int = 0
     # A residual unit runs as one kernel after its history concat (kernels/unit_conv.py: the
     # dilated conv as an implicit GEMM, its tail in registers) in steps of at least this many
     # output samples (rows x time at the unit's rate; 0: never, cuDNN's conv then the fused
@@ -90,7 +94,8 @@ class LayerChoices:
     def __post_init__(self) -> None:
         if self.conv_fold not in FOLDS:
             raise ValueError(f"conv_fold must be one of {FOLDS}, got {self.conv_fold!r}")
-        for name in ("conv_gemm_rows", "unit_conv_rows", "unit_window_rows", "convt_kernel_rows", "attention_frames"):
+        for name in ("conv_gemm_rows", "unit_conv_rows", "unit_window_rows", "tail_wide_rows", "convt_kernel_rows",
+                     "attention_frames"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.window_producers not in (1, 2):

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from code2wav.kernels import convt, instant, mono_conv, skinny, unit, unit_conv, unit_window
+from code2wav.kernels import convt, instant, mono_conv, skinny, tail_wide, unit, unit_conv, unit_window
 from code2wav.kernels.snake import bias_add, is_channels_last, residual_add, snake_beta, to_layout
 from code2wav.model.choices import DEFAULT_CHOICES, LayerChoices
 from code2wav.model.streaming import Step, StreamingLayer
@@ -236,20 +236,29 @@ class ResidualUnit(nn.Module):
         self.conv1 = CausalConv1d(dim, dim, 7, dilation=dilation, rate=rate)
         self.act2 = SnakeBeta(dim)
         self.conv2 = CausalConv1d(dim, dim, 1, rate=rate)
-        self._window: tuple | None = None  # kernels/unit_window's packed weights, keyed by their sources
+        self._packed: dict[str, tuple] = {}  # the CUDA C++ kernels' packed weights, keyed by their sources
+
+    def _pack(self, kernel: str, src: tuple[Tensor, ...], pack) -> tuple[Tensor, Tensor]:
+        """``pack(*src)`` for one of the CUDA C++ kernels, packed on first use and again whenever
+        a source tensor moves or changes (never inside a graph capture: the warm-up's eager runs
+        pack them before)."""
+        key = tuple((t.data_ptr(), t._version) for t in src)
+        if kernel not in self._packed or self._packed[kernel][0] != key:
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(f"{kernel}'s weights must be packed by an eager run before a graph capture")
+            self._packed[kernel] = (key, *pack(*src))
+        return self._packed[kernel][1], self._packed[kernel][2]
 
     def window_weights(self) -> tuple[Tensor, Tensor]:
-        """The weights as kernels/unit_window.pack lays them out, packed on first use and again
-        whenever a source tensor moves or changes (never inside a graph capture: the warm-up's
-        eager runs pack them before)."""
+        """The weights as kernels/unit_window.pack lays them out."""
         c1, c2 = self.conv1.conv, self.conv2.conv
         src = (c1.weight, c2.weight, c1.bias, self.act2.alpha, self.act2.beta, c2.bias, self.act1.alpha, self.act1.beta)
-        key = tuple((t.data_ptr(), t._version) for t in src)
-        if self._window is None or self._window[0] != key:
-            if torch.cuda.is_current_stream_capturing():
-                raise RuntimeError("unit_window's weights must be packed by an eager run before a graph capture")
-            self._window = (key, *unit_window.pack(*src))
-        return self._window[1], self._window[2]
+        return self._pack("unit_window", src, unit_window.pack)
+
+    def tail_weights(self) -> tuple[Tensor, Tensor]:
+        """The 1x1 conv's weights and the tail's parameters as kernels/tail_wide.pack lays them out."""
+        src = (self.conv2.conv.weight, self.conv1.conv.bias, self.act2.alpha, self.act2.beta, self.conv2.conv.bias)
+        return self._pack("tail_wide", src, tail_wide.pack)
 
     def _window_unit(self, x: Tensor, step: Step | None, d: int) -> Tensor:
         """The CUDA C++ unit: by default it reads the history and applies act1 itself
@@ -274,6 +283,8 @@ class ResidualUnit(nn.Module):
         if unit.applies(x, h):  # conv1's bias, act2, conv2 and the residual in one pass (conv2 has no state)
             return unit.unit_tail(h, x, self.conv2.conv.weight, self.conv1.conv.bias, self.act2.alpha, self.act2.beta, self.conv2.conv.bias,
                                   fill_sms=self.choices.unit_fill_sms)
+        if tail_wide.applies(x, h, self.choices.tail_wide_rows):  # act2 with conv1's bias, conv2 and the residual in one kernel
+            return tail_wide.tail_wide(h, x, *self.tail_weights())
         h = self.act2(h, bias=self.conv1.conv.bias)
         if self.choices.wide_tail and unit.applies_activated(x, h):  # conv2, its bias and the residual in one pass
             return unit.unit_tail(h, x, self.conv2.conv.weight, None, None, None, self.conv2.conv.bias, fill_sms=self.choices.unit_fill_sms)
