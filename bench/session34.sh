@@ -3,9 +3,11 @@
 # (kernels/tail_wide.py, layers.tail_wide_rows), and one or two warpgroups filling the window
 # unit's windows (layers.window_producers).
 #   bash bench/session34.sh a   the tail kernel alone against its three passes (bench/tail_wide.py:
-#                               checks and timings), the window unit's checks and timings with one
-#                               and two filling warpgroups (bench/unit_window.py), then the record
-#                               alternating the default, tail_wide_rows=1 and window_producers=2
+#                               checks and timings at both tilings; then under ncu), then the record
+#                               alternating the default and tail_wide_rows=1 at each tiling
+#                               (call 1 ran an earlier form: the tail kernel's check and timings at
+#                               128 rows, the window unit with one and two filling warpgroups
+#                               (bench/unit_window.py), the record with window_producers=2 and without)
 #   bash bench/session34.sh b   every GPU check (bench/gpu_check.py, 400 s), then the record at the default
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
@@ -13,13 +15,18 @@ case "${1:-}" in
 a)
   stamp "the 384-channel tail kernel (bench/tail_wide.py)"
   timeout 120 python3 bench/tail_wide.py 2>&1 | grep -v Warning | tee "$OUT/tail_wide.txt" | tee -a "$log"
-  stamp "the window unit, one or two filling warpgroups (bench/unit_window.py)"
-  timeout 150 python3 bench/unit_window.py 1x1,16x25,20x25 2>&1 | grep -v Warning | tee "$OUT/unit_window.txt" | tail -8 | tee -a "$log"
+  stamp "the tail kernel under ncu, 16 x 25, each tiling"
+  timeout 120 ncu --clock-control none -k regex:tail_wide --launch-count 2 --set full --import-source yes -o "$OUT/tail_ncu" \
+    python3 bench/tail_wide.py 16x25 1 2>&1 | tail -2 | tee -a "$log"
+  ncu --import "$OUT/tail_ncu.ncu-rep" --print-details all > "$OUT/tail_ncu.txt" 2>&1
+  grep -E "Duration|Throughput|Registers Per|Achieved Occ|Warp Cycles Per Issued|No Eligible|L2 Hit|Block Limit" "$OUT/tail_ncu.txt" | tee -a "$log"
+  ncu --import "$OUT/tail_ncu.ncu-rep" --page source --csv --print-source sass > "$OUT/tail_ncu_sass.csv" 2>&1
+  sustained_levels warmup
   sustained_levels default_1
-  grep -q "^PASS" "$OUT/tail_wide.txt" && sustained_levels tail_1 --set layers.tail_wide_rows=1
-  grep -q "^PASS" "$OUT/unit_window.txt" && sustained_levels two_1 --set layers.window_producers=2
+  grep -q "^PASS" "$OUT/tail_wide.txt" && sustained_levels tail128_1 --set layers.tail_wide_rows=4096
+  grep -q "^PASS" "$OUT/tail_wide.txt" && sustained_levels tail64_1 --set layers.tail_wide_rows=4096 --set layers.tail_wide_tile=64
   sustained_levels default_2
-  grep -q "^PASS" "$OUT/tail_wide.txt" && sustained_levels tail_2 --set layers.tail_wide_rows=1
+  keep_triton_cache
   ;;
 b)
   stamp "every GPU check"

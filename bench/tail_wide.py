@@ -61,8 +61,9 @@ def main() -> int:
     three = passes(w, conv2)
     wpack, params = tail_wide.pack(w["w2"], w["b1"], w["alpha"], w["beta"], w["b2"])
     print(f"smem {tail_wide.smem_bytes(C)} B; {torch.cuda.get_device_name()}", flush=True)
-    print("rows x frames (h's padding): SNR vs the float32 tail, the three passes / the kernel; the kernel's largest "
-          "difference from the float32 tail in bf16 steps of the output; us graph-replayed, three passes / the kernel")
+    print("rows x frames (h's padding): SNR vs the float32 tail, the three passes / the kernel at each tiling "
+          f"{list(tail_wide.TILINGS)}; the largest difference from the float32 tail, the three passes / the kernel's worst; "
+          "us graph-replayed, the three passes / each tiling (TFLOP/s)")
     ok = True
     with torch.no_grad():
         for (B, T) in shapes + [(3, 7), (2, 1)]:
@@ -70,16 +71,23 @@ def main() -> int:
                 L = T * SPF if T > 7 or B != 3 else 1000  # (3, 7): a length no multiple of the tile
                 h, x = inputs(B, L, pad)
                 ref = reference(h, x, w)
-                y3, yk = three(h, x), tail_wide.tail_wide(h, x, wpack, params)
-                s3, sk = snr(ref, y3), snr(ref, yk)
-                ulp = ((yk.float() - ref).abs() / (ref.abs().clamp_min(2 ** -6) * 2 ** -8)).max().item()
-                good = sk > 45 and sk > s3 - 0.5 and ulp <= 4 and yk.stride() == (L * C, 1, C)
+                y3 = three(h, x)
+                ys = [tail_wide.tail_wide(h, x, wpack, params, rows) for rows in tail_wide.TILINGS]
+                e3 = (y3.float() - ref).abs().max().item()
+                ek = max((y.float() - ref).abs().max().item() for y in ys)
+                sk = [snr(ref, y) for y in ys]
+                # The kernel rounds once where the passes round three times; its SnakeBeta's
+                # sin.approx against torch's sin in the reference moves an activation's rounding
+                # to bf16 now and then, as in the passes.
+                good = min(sk) > 45 and min(sk) > snr(ref, y3) - 0.5 and ek <= 2 * e3 + 1e-3 and all(
+                    y.stride() == (L * C, 1, C) for y in ys)
                 ok &= good
-                line = f"{B:3d} x {T:2d} (+{pad:2d}): {s3:5.1f} / {sk:5.1f} dB, {ulp:4.2f} steps"
+                line = f"{B:3d} x {T:2d} (+{pad:2d}): {snr(ref, y3):5.1f} / " + " / ".join(f"{v:5.1f}" for v in sk) + f" dB, {e3:.3g} / {ek:.3g}"
                 if pad == 0 and (B, T) in shapes:
                     t3 = timed_in_graph(lambda: three(h, x), calls=20, replays=replays)  # noqa: B023
-                    tk = timed_in_graph(lambda: tail_wide.tail_wide(h, x, wpack, params), calls=20, replays=replays)  # noqa: B023
-                    line += f"; {t3:7.1f} / {tk:7.1f} us ({2 * B * L * C * C / tk / 1e6:5.1f} TFLOP/s)"
+                    tk = [timed_in_graph(lambda: tail_wide.tail_wide(h, x, wpack, params, rows), calls=20, replays=replays)  # noqa: B023
+                          for rows in tail_wide.TILINGS]
+                    line += f"; {t3:7.1f} / " + " / ".join(f"{t:7.1f} ({2 * B * L * C * C / t / 1e6:5.1f})" for t in tk) + " us"
                 print(line + ("  ok" if good else "  FAIL"), flush=True)
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1

@@ -68,8 +68,11 @@ def test_pack_takes_channels_last_weights():
 
 def test_its_shared_memory_fits_at_every_width_it_takes():
     for c in tw.WIDTHS:
-        assert tw.smem_bytes(c) <= SMEM_LIMIT
         assert c % tw.NCH == 0 and c % tw.KCH == 0  # whole output chunks and weight stages
+        for rows, t in tw.TILINGS.items():
+            assert tw.smem_bytes(c, rows) <= SMEM_LIMIT and 1 <= t.lead < t.stages
+    # 64-row tiles: two programs an SM (1 KB of each block's shared memory is the system's)
+    assert 2 * (tw.smem_bytes(384, 64) + 1024) <= 228 * 1024
     assert tw.smem_bytes(768) > SMEM_LIMIT  # why 768 channels keep the three passes
 
 
@@ -101,3 +104,6 @@ def test_the_knob_takes_a_row_count():
     assert LayerChoices(tail_wide_rows=1).tail_wide_rows == 1
     with pytest.raises(ValueError, match="tail_wide_rows"):
         LayerChoices(tail_wide_rows=-1)
+    assert LayerChoices(tail_wide_tile=64).tail_wide_tile == 64
+    with pytest.raises(ValueError, match="tail_wide_tile"):
+        LayerChoices(tail_wide_tile=96)

@@ -115,8 +115,8 @@ def test_one_or_two_warpgroups_fill_the_windows():
     nothing else reaches a launch, from the layer choices or the kernel's own call."""
     from code2wav.model.choices import LayerChoices
 
-    assert LayerChoices().window_producers == 1
-    assert LayerChoices(window_producers=2).window_producers == 2
+    assert LayerChoices().window_producers == 2  # the default since session 34 (BENCHMARKS.md)
+    assert LayerChoices(window_producers=1).window_producers == 1
     for n in (0, 3):
         with pytest.raises(ValueError, match="window_producers"):
             LayerChoices(window_producers=n)

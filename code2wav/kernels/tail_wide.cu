@@ -1,13 +1,15 @@
 /* The CUDA C++ of kernels/tail_wide.py (its docstring says what the kernel does); that module
-   prepends (kernels/sm90.source) C, the wgmma wrapper mma_ss for NCH and sm90.cuh's helpers,
+   prepends (kernels/sm90.source) C, the tiling (TM rows a tile: 128, the two warpgroups 64 rows
+   each, or 64, the two splitting each output chunk's columns; STAGES weight buffers, LEAD of them
+   loading ahead of the one multiplied), the wgmma wrapper mma_ss for WN and sm90.cuh's helpers,
    and NVRTC compiles it for sm_90a. */
-#define TM 128             /* rows a tile: two warpgroups of 64 */
 #define THREADS 256
-#define NCH 192            /* output channels a chunk: a warpgroup's m64 x n192 accumulator */
-#define NACC 96
+#define NCH 192            /* output channels a chunk */
+#define WN (TM == 128 ? NCH : NCH / 2)   /* a warpgroup's share of a chunk: its m64 x WN fp32 accumulator */
+#define NACC (WN / 2)
 #define KCH 64             /* input channels a weight stage: four k16 steps */
-#define STAGES 4           /* weight stage buffers */
-#define LEAD 2             /* stages in flight ahead of the one multiplied (<= STAGES - 2: one buffer may still be read) */
+#define WGMMA_WAIT (STAGES - LEAD - 1)   /* product groups left in flight: the buffer LEAD stages on must be free */
+#define MIN_BLOCKS (TM == 128 ? 1 : 2)   /* programs an SM holds: two at 64 rows, so one's loads overlap the other's products */
 #define CHUNKS (C / 8)
 #define AROWS (TM + 1)     /* rows a chunk of the A tile holds: odd, so a row's 16-byte stores spread over the banks */
 #define NSTAGES ((C / NCH) * (C / KCH))   /* weight stages a tile, output chunk major */
@@ -68,13 +70,14 @@ __device__ __forceinline__ void fill_a(unsigned char* smem, const u16* h, const 
 
 /* y = x + b2 + conv1x1(SnakeBeta(h + b1)) over R rows of C channels: one program per SM, each
    tile's activated rows in shared memory once, the weights streamed through STAGES buffers. */
-extern "C" __global__ void __launch_bounds__(THREADS, 1) tail_wide(
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tail_wide(
     const u16* __restrict__ h, const u16* __restrict__ x, const u16* __restrict__ wpack,
     const float* __restrict__ params, u16* __restrict__ y, int R, int L, int shb, int sxb) {
   extern __shared__ __align__(128) unsigned char smem[];
   const u32 s0 = smem_u32(smem);
   const int tid = threadIdx.x, wg = tid >> 7, q = tid & 3;
-  const int row = 64 * wg + 16 * ((tid >> 5) & 3) + ((tid & 31) >> 2);  /* this thread's first output row (the other: + 8) */
+  /* this thread's first output row (the other: + 8) and its warpgroup's first column of a chunk */
+  const int row = (TM == 128 ? 64 * wg : 0) + 16 * ((tid >> 5) & 3) + ((tid & 31) >> 2), col0 = TM == 128 ? 0 : WN * wg;
   float* P = (float*)(smem + P_OFF);
   const float2* p = (const float2*)P;
   const float2* b2 = p + 3 * (C / 2);
@@ -88,16 +91,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) tail_wide(
     __syncthreads();  /* the parameters (first tile); both warpgroups' products from the last tile's A done */
     const int g0 = tile * TM;
     fill_a(smem, h, p, g0, R, L, shb);
-    const u64 a0 = desc(s0 + (u32)(64 * wg) * 16, AROWS * 16);
+    const u64 a0 = desc(s0 + (u32)(TM == 128 ? 64 * wg : 0) * 16, AROWS * 16);
 #pragma unroll 1
     for (int j = 0; j < C / NCH; ++j) {
       u32 xres[NACC / 2];  /* the residual for this thread's outputs: (row + 8 h, channel 8 n + 2 q) pairs */
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int g = min(g0 + row + 8 * hh, R - 1);
-        const u16* xr = row_ptr(x, g, L, sxb) + j * NCH + 2 * q;
+        const u16* xr = row_ptr(x, g, L, sxb) + j * NCH + col0 + 2 * q;
 #pragma unroll
-        for (int n = 0; n < NCH / 8; ++n) xres[(NCH / 8) * hh + n] = *(const u32*)(xr + 8 * n);
+        for (int n = 0; n < WN / 8; ++n) xres[(WN / 8) * hh + n] = *(const u32*)(xr + 8 * n);
       }
       float acc[NACC];
 #pragma unroll
@@ -106,14 +109,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) tail_wide(
       for (int i = 0; i < C / KCH; ++i, ++s) {
         asm volatile("cp.async.wait_group %0;" :: "n"(LEAD - 1) : "memory");  /* stage s landed (this thread's copies) */
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  /* the stage and A's stores, seen by wgmma's proxy */
-        __syncthreads();  /* everyone's; and every product from stage s - 2's buffer done (wait_group 1 below) */
+        __syncthreads();  /* everyone's; and every product from the buffer loaded next done (WGMMA_WAIT below) */
         issue_stage(s0, wpack, s + LEAD, total);
-        const u64 b0 = desc(s0 + W_OFF + (u32)(s % STAGES) * STAGE_BYTES, NCH * 16);
+        const u64 b0 = desc(s0 + W_OFF + (u32)(s % STAGES) * STAGE_BYTES + (u32)col0 * 16, NCH * 16);
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
         for (int ks = 0; ks < KCH / 16; ++ks) mma_ss(acc, a0 + (u32)((KCH / 8) * i + 2 * ks) * AROWS, b0 + (u32)(2 * ks * NCH));
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(WGMMA_WAIT) : "memory");
       }
       wgmma_wait0();
 #pragma unroll
@@ -122,11 +125,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) tail_wide(
       for (int hh = 0; hh < 2; ++hh) {
         const int g = g0 + row + 8 * hh;
         if (g >= R) continue;
-        u16* yr = y + (long long)g * C + j * NCH + 2 * q;
+        u16* yr = y + (long long)g * C + j * NCH + col0 + 2 * q;
 #pragma unroll
-        for (int n = 0; n < NCH / 8; ++n) {
-          const float2 bias = b2[(j * NCH + 8 * n + 2 * q) / 2];
-          const u32 xv = xres[(NCH / 8) * hh + n];
+        for (int n = 0; n < WN / 8; ++n) {
+          const float2 bias = b2[(j * NCH + col0 + 8 * n + 2 * q) / 2];
+          const u32 xv = xres[(WN / 8) * hh + n];
           const float y0 = acc[4 * n + 2 * hh] + bias.x + as_float(xv << 16);
           const float y1 = acc[4 * n + 2 * hh + 1] + bias.y + as_float(xv & 0xffff0000u);
           *(u32*)(yr + 8 * n) = pack_bf16(y0, y1);

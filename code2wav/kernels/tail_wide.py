@@ -7,9 +7,10 @@ cuDNN's 1x1 conv, the residual add; kernels/unit.py's fused Triton tail loses at
 tile it holds). Here a program (one per SM, persistent) activates a tile of 128 rows once into
 shared memory (the A operand, ``[chunk of 8 channels][row][8]``, no swizzle: kernels/unit_window.py
 says why that layout suits wgmma) and multiplies it by the 1x1 conv's weights streamed from L2
-through four stage buffers (``cp.async``, two stages in flight), 192 output channels at a time:
-each warpgroup owns 64 rows and an m64 x n192 fp32 accumulator, to which the bias and the
-residual are added before the one rounding to the output. So the activation is read once, the
+through stage buffers (``cp.async``), 192 output channels at a time, in an m64 fp32
+accumulator per warpgroup (``TILINGS``: two warpgroups on 64 rows each, or both on 64 rows,
+each 96 of the columns), to which the bias and the residual are added before the one rounding
+to the output. So the activation is read once, the
 output written once, and nothing in between goes to memory.
 
 bf16 only, ``C`` in ``WIDTHS`` (768 channels would need 198 KB for a 128-row A tile alone).
@@ -17,6 +18,8 @@ bf16 only, ``C`` in ``WIDTHS`` (768 channels would need 198 KB for a 128-row A t
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -27,16 +30,31 @@ from code2wav.kernels.snake import is_channels_last
 from code2wav.kernels.unit import sm_count
 
 WIDTHS = (384,)
-TM = 128  # rows a tile (two warpgroups of 64)
-NCH = 192  # output channels a chunk: the wgmma's N
+NCH = 192  # output channels a chunk
 KCH = 64  # input channels a weight stage
-STAGES = 4
 THREADS = 256
 
 
-def smem_bytes(C: int) -> int:
-    a = -(-(C // 8) * (TM + 1) * 16 // 128) * 128
-    return a + STAGES * KCH * NCH * 2 + 4 * C * 4
+@dataclass(frozen=True)
+class Tiling:
+    """Rows a tile (128: each warpgroup 64 rows of a chunk; 64: each half its columns), weight
+    stage buffers, and stages loading ahead of the one multiplied (``<= STAGES - 1``)."""
+
+    rows: int
+    stages: int
+    lead: int
+
+
+# 128-row tiles stream the weights half as often; 64-row ones fit two programs an SM, so one's
+# loads overlap the other's products. Knob: bench/tail_wide.py times both (BENCHMARKS.md).
+TILINGS = {128: Tiling(128, 4, 2), 64: Tiling(64, 2, 1)}
+DEFAULT_ROWS = 128
+
+
+def smem_bytes(C: int, rows: int = DEFAULT_ROWS) -> int:
+    t = TILINGS[rows]
+    a = -(-(C // 8) * (t.rows + 1) * 16 // 128) * 128
+    return a + t.stages * KCH * NCH * 2 + 4 * C * 4
 
 
 def pack(w2: Tensor, b1: Tensor, alpha: Tensor, beta: Tensor, b2: Tensor) -> tuple[Tensor, Tensor]:
@@ -67,10 +85,11 @@ def _check_rows(name: str, t: Tensor, C: int) -> None:
         raise ValueError(f"tail_wide reads channels-last {name}, its rows 16-byte aligned")
 
 
-def tail_wide(h: Tensor, x: Tensor, wpack: Tensor, params: Tensor) -> Tensor:
+def tail_wide(h: Tensor, x: Tensor, wpack: Tensor, params: Tensor, rows: int = DEFAULT_ROWS) -> Tensor:
     """``x + b2 + conv1x1(SnakeBeta(h + b1))`` over channels-last ``[B, C, L]`` ``h`` (the k=7
     conv's output without its bias) and ``x`` (the unit's input), from ``pack``'s weights; the
-    batch strides may exceed ``L * C``. Returns a new channels-last tensor."""
+    batch strides may exceed ``L * C``. ``rows``: a tile's, a key of ``TILINGS``. Returns a new
+    channels-last tensor."""
     B, C, L = x.shape
     if C not in WIDTHS or x.dtype != torch.bfloat16 or h.dtype != torch.bfloat16 or h.shape != x.shape:
         raise ValueError(f"tail_wide takes bf16 h and x of one shape at {WIDTHS} channels, got {tuple(h.shape)} {h.dtype}, "
@@ -82,10 +101,11 @@ def tail_wide(h: Tensor, x: Tensor, wpack: Tensor, params: Tensor) -> Tensor:
     y = torch.empty(B, L, C, device=x.device, dtype=x.dtype)
     R = B * L
     if R:
-        smem = smem_bytes(C)
-        text = sm90.source("tail_wide.cu", {"C": C}, sm90.mma_ss(NCH))
+        t, smem = TILINGS[rows], smem_bytes(C, rows)
+        wn = NCH if t.rows == 128 else NCH // 2
+        text = sm90.source("tail_wide.cu", {"C": C, "TM": t.rows, "STAGES": t.stages, "LEAD": t.lead}, sm90.mma_ss(wn))
         kern = sm90.load(x.device.index or 0, text, "tail_wide", smem)
-        grid = min(-(-R // TM), sm_count(x.device))
+        grid = min(-(-R // t.rows), sm_count(x.device) * (128 // t.rows))
         kern(grid=(grid, 1, 1), block=(THREADS, 1, 1), shared_mem=smem,
              args=[h, x, wpack, params, y, R, L, h.stride(0), x.stride(0)])
     return y.transpose(1, 2)

@@ -44,6 +44,8 @@ class LayerChoices:
     # the residual) as kernels/tail_wide.py's CUDA C++ kernel in steps of at least this many
     # output samples (0: never). bf16 on sm90 only; it takes precedence over ``wide_tail``.
     tail_wide_rows: int = 0
+    # That kernel's tile rows, a key of kernels/tail_wide.TILINGS (128 or 64).
+    tail_wide_tile: int = 128
     # A residual unit runs as one kernel after its history concat (kernels/unit_conv.py: the
     # dilated conv as an implicit GEMM, its tail in registers) in steps of at least this many
     # output samples (rows x time at the unit's rate; 0: never, cuDNN's conv then the fused
@@ -62,9 +64,9 @@ class LayerChoices:
     # pass writing and reading the activation).
     read_history: bool = True
     # Warpgroups of the window unit that fill its windows (1 or 2) beside the two that run its
-    # products: 2 splits the register file unevenly between them (setmaxnreg), not yet measured
-    # on a GPU (BENCHMARKS.md, session 33).
-    window_producers: int = 1
+    # products: 2 splits the register file unevenly between them (setmaxnreg); the unit 11-14 %
+    # faster at 16 x 25 (BENCHMARKS.md, session 34).
+    window_producers: int = 2
     # A ConvTranspose upsampler with history (k = 2s) as one Triton GEMM over row pairs
     # (kernels/convt.py) in steps of at least this many input rows (0: never; its two cuBLAS
     # products, the second reading the output back). 1: every step, at the widths
@@ -98,6 +100,8 @@ class LayerChoices:
                      "attention_frames"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.tail_wide_tile not in (64, 128):
+            raise ValueError(f"tail_wide_tile must be 64 or 128, got {self.tail_wide_tile}")
         if self.window_producers not in (1, 2):
             raise ValueError(f"window_producers must be 1 or 2, got {self.window_producers}")
 

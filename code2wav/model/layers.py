@@ -284,7 +284,7 @@ class ResidualUnit(nn.Module):
             return unit.unit_tail(h, x, self.conv2.conv.weight, self.conv1.conv.bias, self.act2.alpha, self.act2.beta, self.conv2.conv.bias,
                                   fill_sms=self.choices.unit_fill_sms)
         if tail_wide.applies(x, h, self.choices.tail_wide_rows):  # act2 with conv1's bias, conv2 and the residual in one kernel
-            return tail_wide.tail_wide(h, x, *self.tail_weights())
+            return tail_wide.tail_wide(h, x, *self.tail_weights(), rows=self.choices.tail_wide_tile)
         h = self.act2(h, bias=self.conv1.conv.bias)
         if self.choices.wide_tail and unit.applies_activated(x, h):  # conv2, its bias and the residual in one pass
             return unit.unit_tail(h, x, self.conv2.conv.weight, None, None, None, self.conv2.conv.bias, fill_sms=self.choices.unit_fill_sms)
