@@ -8,6 +8,7 @@
 #                               (call 1 ran an earlier form: the tail kernel's check and timings at
 #                               128 rows, the window unit with one and two filling warpgroups
 #                               (bench/unit_window.py), the record with window_producers=2 and without)
+#   bash bench/session34.sh c   a short form of a (no ncu, 1 and 256 streams) for a call of ~5 minutes
 #   bash bench/session34.sh b   every GPU check (bench/gpu_check.py, 400 s), then the record at the default
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
@@ -27,6 +28,22 @@ a)
   grep -q "^PASS" "$OUT/tail_wide.txt" && sustained_levels tail64_1 --set layers.tail_wide_rows=4096 --set layers.tail_wide_tile=64
   sustained_levels default_2
   keep_triton_cache
+  ;;
+c)
+  # the short form of a for the little device time left: the kernel's checks and timings, the
+  # faster tiling at 16 x 25 picked from them, the record at 1 and 256 streams alternating
+  stamp "the 384-channel tail kernel (bench/tail_wide.py)"
+  timeout 90 python3 bench/tail_wide.py 1x1,16x1,16x25 5 2>&1 | grep -v Warning | tee "$OUT/tail_wide.txt" | tee -a "$log"
+  grep -q "^PASS" "$OUT/tail_wide.txt" || exit 1
+  tile=$(python3 -c "import re, sys; l = [l for l in open(sys.argv[1]) if l.startswith(' 16 x 25 (+ 0)')][0]; t = re.findall(r'/ +([0-9.]+) \(', l); print(128 if float(t[0]) <= float(t[1]) else 64)" "$OUT/tail_wide.txt")
+  stamp "tail_wide_tile=$tile"
+  short() { stamp "sustained 1 / 256: $1"; local name=$1; shift
+    timeout 170 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 1,256 --seconds 3 "$@" --out "$OUT/$name" 2>&1 \
+      | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/$name.txt" | grep -A3 "^mode" | tee -a "$log"; rm -f "$OUT/$name/plot.png"; }
+  short default_1
+  short tail_1 --set layers.tail_wide_rows=4096 --set layers.tail_wide_tile=$tile
+  short default_2
+  short tail_2 --set layers.tail_wide_rows=4096 --set layers.tail_wide_tile=$tile
   ;;
 b)
   stamp "every GPU check"
