@@ -43,7 +43,6 @@ c)
   short default_1
   short tail_1 --set layers.tail_wide_rows=4096 --set layers.tail_wide_tile=$tile
   short default_2
-  short tail_2 --set layers.tail_wide_rows=4096 --set layers.tail_wide_tile=$tile
   ;;
 b)
   stamp "every GPU check"
