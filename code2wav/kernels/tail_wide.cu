@@ -1,15 +1,15 @@
 /* The CUDA C++ of kernels/tail_wide.py (its docstring says what the kernel does); that module
-   prepends (kernels/sm90.source) C, the tiling (TM rows a tile: 128, the two warpgroups 64 rows
-   each, or 64, the two splitting each output chunk's columns; STAGES weight buffers, LEAD of them
+   prepends (kernels/sm90.source) C, the tiling (its Tiling: TM rows a tile; WN, a warpgroup's
+   share of an output chunk, NCH where the two warpgroups take 64 rows each, NCH / 2 where they
+   split the chunk's columns; MIN_BLOCKS programs an SM; STAGES weight buffers, LEAD of them
    loading ahead of the one multiplied), the wgmma wrapper mma_ss for WN and sm90.cuh's helpers,
    and NVRTC compiles it for sm_90a. */
 #define THREADS 256
 #define NCH 192            /* output channels a chunk */
-#define WN (TM == 128 ? NCH : NCH / 2)   /* a warpgroup's share of a chunk: its m64 x WN fp32 accumulator */
-#define NACC (WN / 2)
+#define NACC (WN / 2)      /* a warpgroup's m64 x WN fp32 accumulator, per thread */
+#define ROW_SPLIT (WN == NCH)   /* the warpgroups take 64 rows each (else 64 rows both, half the columns each) */
 #define KCH 64             /* input channels a weight stage: four k16 steps */
 #define WGMMA_WAIT (STAGES - LEAD - 1)   /* product groups left in flight: the buffer LEAD stages on must be free */
-#define MIN_BLOCKS (TM == 128 ? 1 : 2)   /* programs an SM holds: two at 64 rows, so one's loads overlap the other's products */
 #define CHUNKS (C / 8)
 #define AROWS (TM + 1)     /* rows a chunk of the A tile holds: odd, so a row's 16-byte stores spread over the banks */
 #define NSTAGES ((C / NCH) * (C / KCH))   /* weight stages a tile, output chunk major */
@@ -77,7 +77,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tail_wide(
   const u32 s0 = smem_u32(smem);
   const int tid = threadIdx.x, wg = tid >> 7, q = tid & 3;
   /* this thread's first output row (the other: + 8) and its warpgroup's first column of a chunk */
-  const int row = (TM == 128 ? 64 * wg : 0) + 16 * ((tid >> 5) & 3) + ((tid & 31) >> 2), col0 = TM == 128 ? 0 : WN * wg;
+  const int row = (ROW_SPLIT ? 64 * wg : 0) + 16 * ((tid >> 5) & 3) + ((tid & 31) >> 2), col0 = ROW_SPLIT ? 0 : WN * wg;
   float* P = (float*)(smem + P_OFF);
   const float2* p = (const float2*)P;
   const float2* b2 = p + 3 * (C / 2);
@@ -91,7 +91,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tail_wide(
     __syncthreads();  /* the parameters (first tile); both warpgroups' products from the last tile's A done */
     const int g0 = tile * TM;
     fill_a(smem, h, p, g0, R, L, shb);
-    const u64 a0 = desc(s0 + (u32)(TM == 128 ? 64 * wg : 0) * 16, AROWS * 16);
+    const u64 a0 = desc(s0 + (u32)(ROW_SPLIT ? 64 * wg : 0) * 16, AROWS * 16);
 #pragma unroll 1
     for (int j = 0; j < C / NCH; ++j) {
       u32 xres[NACC / 2];  /* the residual for this thread's outputs: (row + 8 h, channel 8 n + 2 q) pairs */

@@ -4,7 +4,7 @@ At 384 channels the k=7 conv stays cuDNN's (it runs near the tensor cores' peak 
 tail after it (``y = x + b2 + conv1x1(SnakeBeta(h + b1))``) was three memory passes: SnakeBeta,
 cuDNN's 1x1 conv, the residual add; kernels/unit.py's fused Triton tail loses at this width
 (SnakeBeta in its loads repeats per output tile, and a tile's K loop cannot reuse an activated
-tile it holds). Here a program (one per SM, persistent) activates a tile of 128 rows once into
+tile it holds). Here a program (persistent, one or two an SM) activates a tile of rows once into
 shared memory (the A operand, ``[chunk of 8 channels][row][8]``, no swizzle: kernels/unit_window.py
 says why that layout suits wgmma) and multiplies it by the 1x1 conv's weights streamed from L2
 through stage buffers (``cp.async``), 192 output channels at a time, in an m64 fp32
@@ -43,6 +43,19 @@ class Tiling:
     rows: int
     stages: int
     lead: int
+
+    @property
+    def wn(self) -> int:
+        """A warpgroup's share of an output chunk: the wgmma's N."""
+        return NCH * self.rows // 128
+
+    @property
+    def per_sm(self) -> int:
+        """Programs an SM holds (the kernel's launch bound)."""
+        return 128 // self.rows
+
+    def defines(self, C: int) -> dict[str, int]:
+        return {"C": C, "TM": self.rows, "WN": self.wn, "MIN_BLOCKS": self.per_sm, "STAGES": self.stages, "LEAD": self.lead}
 
 
 # 128-row tiles stream the weights half as often; 64-row ones fit two programs an SM, so one's
@@ -102,10 +115,9 @@ def tail_wide(h: Tensor, x: Tensor, wpack: Tensor, params: Tensor, rows: int = D
     R = B * L
     if R:
         t, smem = TILINGS[rows], smem_bytes(C, rows)
-        wn = NCH if t.rows == 128 else NCH // 2
-        text = sm90.source("tail_wide.cu", {"C": C, "TM": t.rows, "STAGES": t.stages, "LEAD": t.lead}, sm90.mma_ss(wn))
+        text = sm90.source("tail_wide.cu", t.defines(C), sm90.mma_ss(t.wn))
         kern = sm90.load(x.device.index or 0, text, "tail_wide", smem)
-        grid = min(-(-R // t.rows), sm_count(x.device) * (128 // t.rows))
+        grid = min(-(-R // t.rows), sm_count(x.device) * t.per_sm)
         kern(grid=(grid, 1, 1), block=(THREADS, 1, 1), shared_mem=smem,
              args=[h, x, wpack, params, y, R, L, h.stride(0), x.stride(0)])
     return y.transpose(1, 2)

@@ -14,6 +14,8 @@ from typing import Literal
 
 import torch
 
+from code2wav.kernels.tail_wide import TILINGS
+
 Fold = Literal["multi-row", "dilated", "all", "none"]
 FOLDS: tuple[str, ...] = ("multi-row", "dilated", "all", "none")
 
@@ -100,8 +102,8 @@ class LayerChoices:
                      "attention_frames"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.tail_wide_tile not in (64, 128):
-            raise ValueError(f"tail_wide_tile must be 64 or 128, got {self.tail_wide_tile}")
+        if self.tail_wide_tile not in TILINGS:
+            raise ValueError(f"tail_wide_tile must be one of {sorted(TILINGS)}, got {self.tail_wide_tile}")
         if self.window_producers not in (1, 2):
             raise ValueError(f"window_producers must be 1 or 2, got {self.window_producers}")
 
