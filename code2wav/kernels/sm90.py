@@ -50,12 +50,14 @@ __device__ __forceinline__ void mma_rs(float* d, const u32* a, u64 db) {{
 }}"""
 
 
-def source(cu_file: str, defines: dict[str, int], mma: str) -> str:
+def source(cu_file: str, defines: dict[str, int], mma: str, headers: tuple[str, ...] = ()) -> str:
     """The whole text NVRTC compiles: typedefs, ``defines``, the wgmma wrappers (``mma``), the
-    shared helpers, then ``cu_file`` (a file beside this module)."""
+    shared helpers, ``headers`` (files beside this module that more than one kernel uses), then
+    ``cu_file`` (a file beside this module)."""
     head = "typedef unsigned int u32;\ntypedef unsigned long long u64;\ntypedef unsigned short u16;\n"
     head += "".join(f"#define {k} {v}\n" for k, v in defines.items())
-    return head + mma + "\n" + (_HERE / "sm90.cuh").read_text() + (_HERE / cu_file).read_text()
+    files = ("sm90.cuh", *headers, cu_file)
+    return head + mma + "\n" + "".join((_HERE / f).read_text() for f in files)
 
 
 @functools.cache

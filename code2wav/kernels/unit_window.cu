@@ -1,28 +1,18 @@
 /* The CUDA C++ of kernels/unit_window.py (its docstring says what the kernel does); that module
-   prepends (kernels/sm90.source) PRODUCER, MAX_DILATION, PARAMS, the FROM_* kinds, the wgmma
-   wrappers mma_ss / mma_rs and sm90.cuh's helpers, and NVRTC compiles it for sm_90a. */
-#define C 96
+   prepends (kernels/sm90.source) C (96), THREADS (256: the two warpgroups that run the convs),
+   PRODUCER, MAX_DILATION, PARAMS, the FROM_* kinds, the wgmma wrappers mma_ss / mma_rs,
+   sm90.cuh's helpers and window.cuh, and NVRTC compiles it for sm_90a. */
 #define NACC 48          /* m64n96 fp32 accumulator: 48 values a thread */
 #define CHUNKS 12        /* 8-channel chunks */
 #define KSTEPS 6         /* k16 steps over C */
 #define TAPS 7
 #define TILE 128
-#define THREADS 256     /* the two warpgroups that run the convs */
 /* PRODUCER (prepended by kernels/unit_window.py): 128 or 256, the threads that fill the windows */
 #define W1_BYTES (TAPS * CHUNKS * C * 16)
 #define W2_BYTES (CHUNKS * C * 16)
 #define PARAM_OFF (W1_BYTES + W2_BYTES)
 #define BAR_OFF (PARAM_OFF + PARAMS * C * 4)   /* the mbarriers: full[2], empty[2] */
 #define WIN_OFF (BAR_OFF + 128)
-
-struct Src {  /* where a window's rows come from, and where the new history goes */
-  const u16* xx;            /* FROM_XX: the history concat [B][nxx][C], batch stride sxxb */
-  const u16* x;             /* FROM_X*: the unit's input [B][L][C], batch stride sxb */
-  u16* pool;                /* FROM_X_AND_POOL: [slots][C][H], slot stride spn, channel stride spc */
-  const long long* slots;
-  const long long* n_new;   /* frames of `rate` samples: the new history ends at n_new[b] * rate */
-  int kind, sxxb, nxx, sxb, L, H, spn, spc, rate;
-};
 
 /* Copy tile `tile`'s window: rows t0 .. t0 + TILE + 6 d of batch row b of xx, zero past nxx;
    by the producer warpgroup (this thread `lane` of its PRODUCER). */
@@ -36,18 +26,6 @@ __device__ __forceinline__ void load_window(u32 buf, const Src& src, int ntr, in
     const u16* srcp = ok ? base + (long long)(t0 + r) * C + c * 8 : src.xx;
     cp16(buf + (u32)(c * wrows + r) * 16, srcp, ok ? 16 : 0);
   }
-}
-
-/* SnakeBeta of 8 bf16 channels (chunk c), rounded back to bf16; act: act1's e^alpha then
-   1 / (e^beta + 1e-9), as channel pairs */
-__device__ __forceinline__ u32 snake2(u32 w, float2 a, float2 ib) {
-  return pack_bf16(snake(as_float(w << 16), a.x, ib.x), snake(as_float(w & 0xffff0000u), a.y, ib.y));
-}
-__device__ __forceinline__ uint4 snake8(uint4 v, const float2* act, int c) {
-  const float2* ib = act + C / 2;
-  v.x = snake2(v.x, act[4 * c], ib[4 * c]); v.y = snake2(v.y, act[4 * c + 1], ib[4 * c + 1]);
-  v.z = snake2(v.z, act[4 * c + 2], ib[4 * c + 2]); v.w = snake2(v.w, act[4 * c + 3], ib[4 * c + 3]);
-  return v;
 }
 
 /* Fill tile `tile`'s window (generic pointer `buf` into shared memory) from x, by the producer
@@ -81,25 +59,6 @@ __device__ __forceinline__ void fill_window(unsigned char* buf, const Src& src, 
       const int c = i / src.H, j = i - c * src.H;
       *(u16*)(buf + ((c >> 3) * wrows + j) * 16 + (c & 7) * 2) = pb[(long long)c * src.spc + j];
     }
-  }
-}
-
-/* Row b's new history into the pool: sample j is position n_new[b] * rate + j of [history,
-   act1(x)]. Run by the program of the row's first tile while `win` holds that tile's window, so
-   the old history it keeps (positions < H) is read from there, never from the pool it overwrites. */
-__device__ __forceinline__ void write_history(const unsigned char* win, const Src& src, const float2* act, int b, int wrows) {
-  const long long start = src.n_new[b] * src.rate;
-  u16* pb = src.pool + src.slots[b] * (long long)src.spn;
-  const u16* xb = src.x + (long long)b * src.sxb;
-  const float* a = (const float*)act;
-#pragma unroll 4
-  for (int i = threadIdx.x; i < src.H * C; i += THREADS) {
-    const int c = i / src.H, j = i - c * src.H;
-    const long long p = start + j, s = p - src.H;
-    u16 v = 0;
-    if (s < 0) v = *(const u16*)(win + ((c >> 3) * wrows + p) * 16 + (c & 7) * 2);
-    else if (s < src.L) v = to_bf16(snake(as_float((u32)xb[s * C + c] << 16), a[c], a[C + c]));
-    pb[(long long)c * src.spc + j] = v;
   }
 }
 

@@ -58,6 +58,7 @@ _W2_BYTES = C * C * 2
 _PARAM_BYTES = PARAMS * C * 4
 _BAR_BYTES = 128  # unit_window_ws's four mbarriers, the windows kept 128-byte aligned
 FROM_XX, FROM_X, FROM_X_AND_POOL = 0, 1, 2  # Src.kind: where a window's rows come from
+KINDS = {"FROM_XX": FROM_XX, "FROM_X": FROM_X, "FROM_X_AND_POOL": FROM_X_AND_POOL}
 
 
 def window_rows(dilation: int) -> int:
@@ -72,9 +73,9 @@ def smem_bytes(dilation: int) -> int:
 
 def source(producers: int) -> str:
     """The kernel's whole source for ``producers`` filling warpgroups (kernels/sm90.source)."""
-    defines = {"PRODUCER": PRODUCER * producers, "MAX_DILATION": MAX_DILATION, "PARAMS": PARAMS, "FROM_XX": FROM_XX,
-               "FROM_X": FROM_X, "FROM_X_AND_POOL": FROM_X_AND_POOL}
-    return sm90.source("unit_window.cu", defines, sm90.mma_ss(C) + sm90.mma_rs(C))
+    defines = {"C": C, "THREADS": THREADS, "PRODUCER": PRODUCER * producers, "MAX_DILATION": MAX_DILATION,
+               "PARAMS": PARAMS, **KINDS}
+    return sm90.source("unit_window.cu", defines, sm90.mma_ss(C) + sm90.mma_rs(C), headers=("window.cuh",))
 
 
 def applies(x: Tensor, rows_min: int, dilation: int) -> bool:
@@ -86,20 +87,29 @@ def applies(x: Tensor, rows_min: int, dilation: int) -> bool:
             and not instant.active())
 
 
+def conv_image(w1: Tensor) -> Tensor:
+    """The k=7 conv's weight ``[out, in, 7]`` (any strides) as ``[tap][in chunk of 8][out][8]``
+    (bf16, contiguous): a tap's chunk is a wgmma B operand of 8-row core matrices, at any width."""
+    c_out, c_in, k = w1.shape
+    return w1.permute(2, 1, 0).reshape(k, c_in // 8, 8, c_out).permute(0, 1, 3, 2).to(torch.bfloat16).contiguous()
+
+
+def unit_params(b1: Tensor, alpha: Tensor, beta: Tensor, b2: Tensor, alpha1: Tensor, beta1: Tensor) -> Tensor:
+    """A unit's per-channel parameters as the window kernels read them (``[PARAMS, C]`` fp32): b1,
+    e^alpha, 1 / (e^beta + 1e-9), b2, then act1's ``e^alpha1``, ``1 / (e^beta1 + 1e-9)``."""
+    f = lambda t: t.detach().float().reshape(-1)  # noqa: E731
+    snake_rows = lambda a, b: [f(a).exp(), 1.0 / (f(b).exp() + 1e-9)]  # noqa: E731
+    return torch.stack([f(b1), *snake_rows(alpha, beta), f(b2), *snake_rows(alpha1, beta1)]).contiguous()
+
+
 def pack(w1: Tensor, w2: Tensor, b1: Tensor, alpha: Tensor, beta: Tensor, b2: Tensor, alpha1: Tensor,
          beta1: Tensor) -> tuple[Tensor, Tensor]:
     """The weights as the kernel's shared-memory image (``[tap][chunk][n][8]`` then ``[chunk][n][8]``,
-    bf16) and the per-channel parameters (``[PARAMS, C]`` fp32: b1, e^alpha, 1 / (e^beta + 1e-9),
-    b2, then act1's ``e^alpha1``, ``1 / (e^beta1 + 1e-9)``). ``alpha``/``beta``: the SnakeBeta
+    bf16) and the per-channel parameters (``unit_params``). ``alpha``/``beta``: the SnakeBeta
     between the convs (act2); ``alpha1``/``beta1``: the one before the unit's conv (act1)."""
-    k = w1.shape[-1]
-    img1 = w1.permute(2, 1, 0).reshape(k, C // 8, 8, C).permute(0, 1, 3, 2)  # [tap, chunk, n, 8]
     img2 = w2[:, :, 0].t().reshape(C // 8, 8, C).permute(0, 2, 1)  # [chunk, n, 8]
-    wpack = torch.cat([img1.reshape(-1), img2.reshape(-1)]).to(torch.bfloat16).contiguous()
-    f = lambda t: t.detach().float().reshape(C)  # noqa: E731
-    snake_rows = lambda a, b: [f(a).exp(), 1.0 / (f(b).exp() + 1e-9)]  # noqa: E731
-    params = torch.stack([f(b1), *snake_rows(alpha, beta), f(b2), *snake_rows(alpha1, beta1)]).contiguous()
-    return wpack, params
+    wpack = torch.cat([conv_image(w1).reshape(-1), img2.reshape(-1).to(torch.bfloat16)]).contiguous()
+    return wpack, unit_params(b1, alpha, beta, b2, alpha1, beta1)
 
 
 def unit_window(x: Tensor, wpack: Tensor, params: Tensor, dilation: int, xx: Tensor | None = None,

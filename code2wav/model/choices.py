@@ -60,6 +60,11 @@ class LayerChoices:
     # 1: every step (bench/replay_ab.py: faster than the Triton unit at multi-row steps, one-frame
     # steps the same within noise).
     unit_window_rows: int = 1
+    # The 192-channel residual units as kernels/unit_streamed.py's CUDA C++ kernel (wgmma; the
+    # weights, too large for shared memory, streamed through it in stages by the TMA unit; each
+    # tile's window filled once, its history read from the pool as the window unit's) in steps of
+    # at least this many output samples (0: never, and ``unit_conv_rows`` decides). bf16 on sm90.
+    unit_streamed_rows: int = 0
     # The window unit (above) and the output conv (kernels/mono_conv.py) read their input
     # themselves: each row's history from the state pool, then SnakeBeta of the layer's input,
     # and write the new history back (False: kernels/history.py's history concat first, an extra
@@ -98,7 +103,7 @@ class LayerChoices:
     def __post_init__(self) -> None:
         if self.conv_fold not in FOLDS:
             raise ValueError(f"conv_fold must be one of {FOLDS}, got {self.conv_fold!r}")
-        for name in ("conv_gemm_rows", "unit_conv_rows", "unit_window_rows", "tail_wide_rows", "convt_kernel_rows",
+        for name in ("conv_gemm_rows", "unit_conv_rows", "unit_window_rows", "unit_streamed_rows", "tail_wide_rows", "convt_kernel_rows",
                      "attention_frames"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

@@ -6,11 +6,13 @@ state dict loads without renaming.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from code2wav.kernels import convt, instant, mono_conv, skinny, tail_wide, unit, unit_conv, unit_window
+from code2wav.kernels import convt, instant, mono_conv, skinny, tail_wide, unit, unit_conv, unit_streamed, unit_window
 from code2wav.kernels.snake import bias_add, is_channels_last, residual_add, snake_beta, to_layout
 from code2wav.model.choices import DEFAULT_CHOICES, LayerChoices
 from code2wav.model.streaming import Step, StreamingLayer
@@ -249,32 +251,44 @@ class ResidualUnit(nn.Module):
             self._packed[kernel] = (key, *pack(*src))
         return self._packed[kernel][1], self._packed[kernel][2]
 
+    def _unit_src(self) -> tuple[Tensor, ...]:
+        """What the whole-unit kernels pack, in their ``pack``'s order."""
+        c1, c2 = self.conv1.conv, self.conv2.conv
+        return (c1.weight, c2.weight, c1.bias, self.act2.alpha, self.act2.beta, c2.bias, self.act1.alpha, self.act1.beta)
+
     def window_weights(self) -> tuple[Tensor, Tensor]:
         """The weights as kernels/unit_window.pack lays them out."""
-        c1, c2 = self.conv1.conv, self.conv2.conv
-        src = (c1.weight, c2.weight, c1.bias, self.act2.alpha, self.act2.beta, c2.bias, self.act1.alpha, self.act1.beta)
-        return self._pack("unit_window", src, unit_window.pack)
+        return self._pack("unit_window", self._unit_src(), unit_window.pack)
+
+    def streamed_weights(self) -> tuple[Tensor, Tensor]:
+        """The weights as kernels/unit_streamed.pack lays them out."""
+        return self._pack("unit_streamed", self._unit_src(), unit_streamed.pack)
 
     def tail_weights(self) -> tuple[Tensor, Tensor]:
         """The 1x1 conv's weights and the tail's parameters as kernels/tail_wide.pack lays them out."""
         src = (self.conv2.conv.weight, self.conv1.conv.bias, self.act2.alpha, self.act2.beta, self.conv2.conv.bias)
         return self._pack("tail_wide", src, tail_wide.pack)
 
-    def _window_unit(self, x: Tensor, step: Step | None, d: int) -> Tensor:
-        """The CUDA C++ unit: by default it reads the history and applies act1 itself
+    def _window_unit(self, x: Tensor, step: Step | None, d: int, streamed: bool) -> Tensor:
+        """A CUDA C++ unit (the 96-channel window kernel, or the 192-channel one with streamed
+        weights): by default it reads the history and applies act1 itself
         (``LayerChoices.read_history``); otherwise after the history concat."""
         pool = step.pool[self.conv1.state_key] if step is not None else None
+        if streamed:
+            run, weights = unit_streamed.unit_streamed, self.streamed_weights()
+        else:
+            run, weights = partial(unit_window.unit_window, producers=self.choices.window_producers), self.window_weights()
         if self.choices.read_history and (pool is None or pool.dtype == x.dtype):
             slots, n_new = _rows_of(step)
-            return unit_window.unit_window(x, *self.window_weights(), d, pool=pool, slots=slots, n_new=n_new, rate=self.conv1.rate,
-                                           producers=self.choices.window_producers)
-        return unit_window.unit_window(x, *self.window_weights(), d, xx=self.conv1._with_history(x, step, self.act1),
-                                       producers=self.choices.window_producers)
+            return run(x, *weights, d, pool=pool, slots=slots, n_new=n_new, rate=self.conv1.rate)
+        return run(x, *weights, d, xx=self.conv1._with_history(x, step, self.act1))
 
     def forward(self, x: Tensor, step: Step | None = None) -> Tensor:
         d = self.conv1.conv.dilation[0]
         if unit_window.applies(x, self.choices.unit_window_rows, d):
-            return self._window_unit(x, step, d)
+            return self._window_unit(x, step, d, streamed=False)
+        if unit_streamed.applies(x, self.choices.unit_streamed_rows, d):
+            return self._window_unit(x, step, d, streamed=True)
         if unit_conv.applies(x, self.choices.unit_conv_rows):  # the history concat, then the rest in one kernel
             c1 = self.conv1.conv
             return unit_conv.unit_conv(self.conv1._with_history(x, step, self.act1), x, c1.weight, c1.dilation[0], c1.bias,

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Session 35 (repo root on the device): the 192-channel units as one CUDA C++ kernel with streamed
+# weights (kernels/unit_streamed.py, layers.unit_streamed_rows).
+#   bash bench/session35.sh a   the kernel alone against the concat + Triton unit (bench/unit_streamed.py:
+#                               checks, both stagings, timings), then the record at 1 and 256
+#                               streams alternating the default and unit_streamed_rows=1
+#   bash bench/session35.sh b   every GPU check (bench/gpu_check.py, 400 s), then the record at the default
+source bench/device_env.sh
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
+short() { stamp "sustained 1 / 256: $1"; local name=$1; shift
+  timeout 170 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 1,256 --seconds 3 "$@" --out "$OUT/$name" 2>&1 \
+    | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/$name.txt" | grep -A3 "^mode" | tee -a "$log"; rm -f "$OUT/$name/plot.png"; }
+case "${1:-}" in
+a)
+  stamp "the 192-channel streamed unit (bench/unit_streamed.py)"
+  timeout 150 python3 bench/unit_streamed.py "${SHAPES:-1x1,16x1,1x25,16x25}" 5 2>&1 | grep -v Warning | tee "$OUT/unit_streamed.txt" | tee -a "$log"
+  grep -q "^PASS" "$OUT/unit_streamed.txt" || exit 1
+  short default_1
+  short streamed_1 --set layers.unit_streamed_rows=1
+  short default_2
+  short streamed_2 --set layers.unit_streamed_rows=1
+  keep_triton_cache
+  ;;
+b)
+  stamp "every GPU check"
+  timeout 400 python3 bench/gpu_check.py 2>&1 | grep -v Warning | tee "$OUT/gpu_check.txt" | grep -E "FAIL|SUMMARY" | tee -a "$log"
+  sustained_levels default_1
+  ;;
+*)
+  echo "usage: bash bench/session35.sh a|b" >&2; exit 2 ;;
+esac

@@ -1,0 +1,44 @@
+/* What the window kernels (unit_window.cu, unit_streamed.cu) share: where a window's rows come
+   from, SnakeBeta of a 16-byte chunk, and the new history written back to the pool. Each kernel
+   defines C (channels), THREADS (the threads that run its products) and FROM_XX / FROM_X /
+   FROM_X_AND_POOL before kernels/sm90.source puts this file ahead of it. */
+struct Src {  /* where a window's rows come from, and where the new history goes */
+  const u16* xx;            /* FROM_XX: the history concat [B][nxx][C], batch stride sxxb */
+  const u16* x;             /* FROM_X*: the unit's input [B][L][C], batch stride sxb */
+  u16* pool;                /* FROM_X_AND_POOL: [slots][C][H], slot stride spn, channel stride spc */
+  const long long* slots;
+  const long long* n_new;   /* frames of `rate` samples: the new history ends at n_new[b] * rate */
+  int kind, sxxb, nxx, sxb, L, H, spn, spc, rate;
+};
+
+/* SnakeBeta of 8 bf16 channels (chunk c), rounded back to bf16; act: act1's e^alpha then
+   1 / (e^beta + 1e-9), as channel pairs */
+__device__ __forceinline__ u32 snake2(u32 w, float2 a, float2 ib) {
+  return pack_bf16(snake(as_float(w << 16), a.x, ib.x), snake(as_float(w & 0xffff0000u), a.y, ib.y));
+}
+__device__ __forceinline__ uint4 snake8(uint4 v, const float2* act, int c) {
+  const float2* ib = act + C / 2;
+  v.x = snake2(v.x, act[4 * c], ib[4 * c]); v.y = snake2(v.y, act[4 * c + 1], ib[4 * c + 1]);
+  v.z = snake2(v.z, act[4 * c + 2], ib[4 * c + 2]); v.w = snake2(v.w, act[4 * c + 3], ib[4 * c + 3]);
+  return v;
+}
+
+/* Row b's new history into the pool: sample j is position n_new[b] * rate + j of [history,
+   act1(x)]. Run by the program of the row's first tile while `win` holds that tile's window, so
+   the old history it keeps (positions < H) is read from there, never from the pool it overwrites. */
+__device__ __forceinline__ void write_history(const unsigned char* win, const Src& src, const float2* act, int b, int wrows) {
+  const long long start = src.n_new[b] * src.rate;
+  u16* pb = src.pool + src.slots[b] * (long long)src.spn;
+  const u16* xb = src.x + (long long)b * src.sxb;
+  const float* a = (const float*)act;
+#pragma unroll 4
+  for (int i = threadIdx.x; i < src.H * C; i += THREADS) {
+    const int c = i / src.H, j = i - c * src.H;
+    const long long p = start + j, s = p - src.H;
+    u16 v = 0;
+    if (s < 0) v = *(const u16*)(win + ((c >> 3) * wrows + p) * 16 + (c & 7) * 2);
+    else if (s < src.L) v = to_bf16(snake(as_float((u32)xb[s * C + c] << 16), a[c], a[C + c]));
+    pb[(long long)c * src.spc + j] = v;
+  }
+}
+
