@@ -89,14 +89,13 @@ def applies(x: Tensor, rows_min: int, dilation: int) -> bool:
 
 
 def pack(w1: Tensor, w2: Tensor, b1: Tensor, alpha: Tensor, beta: Tensor, b2: Tensor, alpha1: Tensor,
-         beta1: Tensor, kg: int = DEFAULT_KG) -> tuple[Tensor, Tensor]:
+         beta1: Tensor) -> tuple[Tensor, Tensor]:
     """The weights as the stages the kernel streams, in its order (bf16): the k=7 conv
     ``[tap][in chunk][out][8]`` (a stage: ``kg / 8`` chunks of one tap), then the 1x1 conv
-    ``[out half][in group of kg][chunk][out of the half][8]`` (a stage: one half, one group); and
-    the per-channel parameters (kernels/unit_window.unit_params). The stage boundaries depend on
-    ``kg`` only for the 1x1 part."""
+    ``[out half][in chunk][out of the half][8]`` (a stage: ``kg / 8`` chunks of one half); one
+    image for every staging. And the per-channel parameters (kernels/unit_window.unit_params)."""
     wt = w2[:, :, 0].t()  # [in, out]
-    img2 = wt.reshape(C // kg, kg // 8, 8, 2, C // 2).permute(3, 0, 1, 4, 2)  # [half, group, chunk, n, 8]
+    img2 = wt.reshape(C // 8, 8, 2, C // 2).permute(2, 0, 3, 1)  # [half, chunk, n, 8]
     wpack = torch.cat([conv_image(w1).reshape(-1), img2.reshape(-1).to(torch.bfloat16)]).contiguous()
     return wpack, unit_params(b1, alpha, beta, b2, alpha1, beta1)
 
@@ -105,7 +104,7 @@ def unit_streamed(x: Tensor, wpack: Tensor, params: Tensor, dilation: int, xx: T
                   pool: Tensor | None = None, slots: Tensor | None = None, n_new: Tensor | None = None,
                   rate: int = 1, kg: int = DEFAULT_KG) -> Tensor:
     """A 192-channel residual unit, ``x + conv1x1(act2(conv7(act1(x) after its history)))``, from
-    ``pack``'s weights (packed with the same ``kg``); the arguments as kernels/unit_window.unit_window's:
+    ``pack``'s weights; ``kg``: the staging (a key of ``STAGINGS``); the other arguments as kernels/unit_window.unit_window's:
     ``xx``, the history concat, if given; else the kernel reads ``pool[slots]`` (zeros without a
     pool) and writes each row's new history, ending at sample ``n_new[b] * rate``, back."""
     B, Cx, L = x.shape
