@@ -180,6 +180,14 @@ def main() -> int:
         apart_one = (s_one.float() - s_bf16.float()).abs().max().item()
         check("window_producers=1: the bf16 stream equal to the default's (2)", apart_one == 0.0,
               f"max difference {apart_one:.3g}; {snr_db(ref, s_one.float()):.1f} dB")
+        # The 192-channel units as the CUDA C++ kernel with streamed weights in large steps are
+        # the default (unit_streamed_rows); the Triton unit everywhere (0) and the streamed one
+        # in every step (1), within the same bound.
+        for rows in (0, 1):
+            other = replace(m32.layer_choices, unit_streamed_rows=rows)
+            snr_us = snr_db(ref, graph_stream(load(weights, torch.bfloat16, "cuda", layers=other), codes).float())
+            check(f"unit_streamed_rows={rows} (192-channel units: {'Triton' if rows == 0 else 'streamed, every step'}): bf16 stream "
+                  "SNR >= 30 dB", snr_us >= 30.0, f"{snr_us:.1f} dB (default layers {snr:.1f} dB)")
         # The 384-channel units' tail as the CUDA C++ kernel (tail_wide_rows=1) against the
         # default's three passes: the bf16 stream within the SNR bound and as close to the
         # float64 stream as the default's.

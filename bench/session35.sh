@@ -4,6 +4,10 @@
 #   bash bench/session35.sh a   the kernel alone against the concat + Triton unit (bench/unit_streamed.py:
 #                               checks, both stagings, timings), then the record at 1 and 256
 #                               streams alternating the default and unit_streamed_rows=1
+#   bash bench/session35.sh c   call 2: the kernel's checks and timings (the pool rows loaded in batches,
+#                               the Triton unit with channels-last weights as the decoder's), the
+#                               record alternating the new default (unit_streamed_rows=16384) and 0,
+#                               then the quick GPU checks
 #   bash bench/session35.sh b   every GPU check (bench/gpu_check.py, 400 s), then the record at the default
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
@@ -19,6 +23,17 @@ a)
   short streamed_1 --set layers.unit_streamed_rows=1
   short default_2
   short streamed_2 --set layers.unit_streamed_rows=1
+  keep_triton_cache
+  ;;
+c)
+  stamp "the 192-channel streamed unit (bench/unit_streamed.py)"
+  timeout 120 python3 bench/unit_streamed.py 1x1,16x1,1x25,4x25,16x25 5 2>&1 | grep -v Warning | tee "$OUT/unit_streamed.txt" | tee -a "$log"
+  grep -q "^PASS" "$OUT/unit_streamed.txt" || exit 1
+  short default_1
+  short triton_1 --set layers.unit_streamed_rows=0
+  short default_2
+  stamp "the quick GPU checks"
+  timeout 170 python3 bench/gpu_check.py --quick 2>&1 | grep -v Warning | tee "$OUT/gpu_check.txt" | grep -E "FAIL|SUMMARY|unit_streamed|bf16 stream" | tee -a "$log"
   keep_triton_cache
   ;;
 b)

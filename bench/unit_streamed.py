@@ -20,6 +20,7 @@ from unit_tail import snr
 from code2wav.kernels import unit_conv
 from code2wav.kernels import unit_streamed as us
 from code2wav.kernels.history import history_cat
+from code2wav.kernels.snake import to_layout
 
 C, K = us.C, 7
 SPF = 640  # samples per frame at 192 channels
@@ -28,9 +29,11 @@ NAMES = ("w1", "w2", "b1", "alpha", "beta", "b2", "alpha1", "beta1")  # pack's o
 
 
 def weights(seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random bf16 weights, the k=7 conv's channels-last as the decoder stores it (the Triton
+    unit reads it so; a contiguous one made it several times slower here)."""
     g = torch.Generator().manual_seed(seed)
     r = lambda *s, scale=1.0: (torch.randn(*s, generator=g) * scale).cuda().to(torch.bfloat16)  # noqa: E731
-    return dict(w1=r(C, C, K, scale=(C * K) ** -0.5), b1=r(C, scale=0.1), alpha=r(C, scale=0.2),
+    return dict(w1=to_layout(r(C, C, K, scale=(C * K) ** -0.5), channels_last=True), b1=r(C, scale=0.1), alpha=r(C, scale=0.2),
                 beta=r(C, scale=0.2), w2=r(C, C, 1, scale=C ** -0.5), b2=r(C, scale=0.1),
                 alpha1=r(C, scale=0.2), beta1=r(C, scale=0.2))
 

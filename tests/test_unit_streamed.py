@@ -133,6 +133,6 @@ def test_the_history_it_reads_must_be_the_layers_pool_rows():
 def test_the_knob_reaches_the_192_channel_units_only():
     from code2wav.model.choices import LayerChoices
 
-    assert LayerChoices().unit_streamed_rows == 0
+    assert LayerChoices().unit_streamed_rows == 16384  # a tile for about every SM (BENCHMARKS.md, session 35)
     with pytest.raises(ValueError, match="unit_streamed_rows"):
         LayerChoices(unit_streamed_rows=-1)

@@ -19,7 +19,7 @@
 #define PARAM_OFF (NSLOTS * CONV_STAGE_BYTES)
 #define BAR_OFF (PARAM_OFF + PARAMS * C * 4)  /* mbarriers: full[2], empty[2] (windows), wfull[NSLOTS], wempty[NSLOTS] */
 #define WIN_OFF (BAR_OFF + 128)
-#define WEIGHTS_TID (THREADS + FILLERS)   /* the one thread that streams the weights */
+#define POOL_LOADS 8  /* a filler's pool loads in flight at once (one after another, a row's first window took ~100 latencies) */
 
 __device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
   asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }" :: "r"(bar), "r"(bytes) : "memory");
@@ -57,11 +57,25 @@ __device__ __forceinline__ void fill_window(unsigned char* buf, u32 bufs, const 
       *p = snake8(*p, act, c);
     }
   }
-  if (pooled) {  /* time fastest: the pool is [C][H] per slot */
-    const u16* pb = src.pool + src.slots[b] * (long long)src.spn;
-    for (int i = lane; i < src.H * C; i += FILLERS) {
-      const int c = i / src.H, j = i - c * src.H;
-      *(u16*)(buf + ((c >> 3) * wrows + j) * 16 + (c & 7) * 2) = pb[(long long)c * src.spc + j];
+  if (pooled) {  /* the pool is [C][H] per slot, time fastest: pairs of samples (H = 6 d is even), POOL_LOADS
+                   of a thread's loads in flight at once */
+    const u32* pb = (const u32*)(src.pool + src.slots[b] * (long long)src.spn);
+    const int hp = src.H / 2, n = hp * C, spc = src.spc / 2;
+    for (int i0 = lane; i0 < n; i0 += FILLERS * POOL_LOADS) {
+      u32 v[POOL_LOADS];
+#pragma unroll
+      for (int u = 0; u < POOL_LOADS; ++u) {
+        const int i = i0 + u * FILLERS, c = i / hp;
+        v[u] = i < n ? pb[c * spc + (i - c * hp)] : 0u;
+      }
+#pragma unroll
+      for (int u = 0; u < POOL_LOADS; ++u) {
+        const int i = i0 + u * FILLERS, c = i / hp, j = 2 * (i - c * hp);
+        if (i >= n) continue;
+        unsigned char* d = buf + ((c >> 3) * wrows + j) * 16 + (c & 7) * 2;
+        *(u16*)d = (u16)(v[u] & 0xffff);
+        *(u16*)(d + 16) = (u16)(v[u] >> 16);
+      }
     }
   }
 }
@@ -227,10 +241,10 @@ extern "C" __global__ void __launch_bounds__(THREADS + 128, 1) unit_streamed(
   }
   __syncthreads();  /* the parameters and the barriers, for everyone */
   /* At 384 threads a thread gets 168 registers; the fillers and the streaming thread need few,
-     the products' accumulator, the residual and the tail's operand more: 2 x 128 x 224 +
-     128 x 56 = 65536. */
-  if (tid >= THREADS) asm volatile("setmaxnreg.dec.sync.aligned.u32 56;");
-  else asm volatile("setmaxnreg.inc.sync.aligned.u32 224;");
+     the products' accumulator, the residual and the tail's operand more: 2 x 128 x 216 +
+     128 x 72 <= 65536, the split ptxas fits both sides in without spills. */
+  if (tid >= THREADS) asm volatile("setmaxnreg.dec.sync.aligned.u32 72;");
+  else asm volatile("setmaxnreg.inc.sync.aligned.u32 216;");
   if (tid >= THREADS) {
     const int lane = tid - THREADS;
     if (lane == FILLERS) stream_weights(k.ring, k.wfull, k.wempty, wpack, ntiles);

@@ -64,7 +64,9 @@ class LayerChoices:
     # weights, too large for shared memory, streamed through it in stages by the TMA unit; each
     # tile's window filled once, its history read from the pool as the window unit's) in steps of
     # at least this many output samples (0: never, and ``unit_conv_rows`` decides). bf16 on sm90.
-    unit_streamed_rows: int = 0
+    # 16384: about a 128-sample tile for every SM; in smaller steps a tile's 27 weight stages in
+    # turn take longer than the Triton unit's many small programs (BENCHMARKS.md, session 35).
+    unit_streamed_rows: int = 16384
     # The window unit (above) and the output conv (kernels/mono_conv.py) read their input
     # themselves: each row's history from the state pool, then SnakeBeta of the layer's input,
     # and write the new history back (False: kernels/history.py's history concat first, an extra
