@@ -1,14 +1,11 @@
 /* The CUDA C++ of kernels/unit_streamed.py (its docstring says what the kernel does); that module
-   prepends (kernels/sm90.source) C (192), THREADS (256: the two warpgroups that run the convs),
+   prepends (kernels/sm90.source) C (192), TAPS, TILE, THREADS (256: the two warpgroups that run the convs),
    FILLERS, KG (input channels a weight stage), NSLOTS (stage buffers), MAX_DILATION, PARAMS, the
    FROM_* kinds, the wgmma wrappers mma_ss (m64n192) / mma_rs (m64n96), sm90.cuh's helpers and
    window.cuh, and NVRTC compiles it for sm_90a. */
 #define NACC (C / 2)         /* m64 x C fp32 accumulator: values a thread */
 #define HALF (C / 2)         /* the 1x1 conv's outputs a pass: its accumulator is m64 x HALF */
 #define NACC2 (HALF / 2)
-#define CHUNKS (C / 8)
-#define TAPS 7
-#define TILE 128
 #define KSTEPS (KG / 16)     /* k16 steps a weight stage */
 #define PER_TAP (C / KG)     /* weight stages a tap */
 #define CONV_STAGES (TAPS * PER_TAP)
@@ -123,23 +120,6 @@ __device__ __forceinline__ void release_last(Ctx& k) {
   mbar_arrive(k.wempty + 8 * ((k.g - 1) % NSLOTS));
 }
 
-/* this thread's first output row of `tile` (the other is 8 below), and its batch row */
-__device__ __forceinline__ int out_row(int tile, const Ctx& k, int& b) {
-  b = tile / k.ntr;
-  return (tile % k.ntr) * TILE + k.row;
-}
-
-/* the residual rows of this thread's outputs (channels 8 j + 2 q, pairs), loads in flight */
-__device__ __forceinline__ void load_residual(u32* xres, const u16* x, int tile, const Ctx& k) {
-  int b, t = out_row(tile, k, b);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const u16* xr = x + (long long)b * k.sxb + (long long)min(t + 8 * h, k.L - 1) * C;
-#pragma unroll
-    for (int j = 0; j < CHUNKS; ++j) xres[CHUNKS * h + j] = *(const u32*)(xr + 8 * j + 2 * k.q);
-  }
-}
-
 /* the k=7 conv of the tile whose window is at `win`, the weights streamed a stage at a time */
 __device__ __forceinline__ void conv_mma(float* acc, u32 win, int D, int wrows, Ctx& k) {
 #pragma unroll
@@ -155,22 +135,6 @@ __device__ __forceinline__ void conv_mma(float* acc, u32 win, int D, int wrows, 
     for (int ks = 0; ks < KSTEPS; ++ks) mma_ss(acc, as + (u32)(2 * ks * wrows), b0 + (u32)(2 * ks * C));
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     if (s > 0) release_previous(k);
-  }
-}
-
-/* SnakeBeta(acc + b1), rounded to bf16, as the 1x1's register operand: k step s's fragment is
-   a[4 s ..]: (t, k lo), (t + 8, k lo), (t, k hi), (t + 8, k hi); acc index 4 j + 2 h + e is row
-   t + 8 h, channel 8 j + 2 q + e */
-__device__ __forceinline__ void snake_fragments(u32* a, const float* acc, const Ctx& k) {
-#pragma unroll
-  for (int j = 0; j < CHUNKS; ++j) {
-    const int c2 = 4 * j + k.q;
-    const float2 b1 = k.sp2[c2], al = k.sp2[C / 2 + c2], ib = k.sp2[C + c2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float u0 = acc[4 * j + 2 * h] + b1.x, u1 = acc[4 * j + 2 * h + 1] + b1.y;
-      a[(j >> 1) * 4 + (j & 1) * 2 + h] = pack_bf16(snake(u0, al.x, ib.x), snake(u1, al.y, ib.y));
-    }
   }
 }
 

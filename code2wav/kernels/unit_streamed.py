@@ -32,7 +32,7 @@ from code2wav.kernels import instant, sm90
 from code2wav.kernels.sm90 import SMEM_LIMIT
 from code2wav.kernels.snake import is_channels_last
 from code2wav.kernels.unit import sm_count
-from code2wav.kernels.unit_window import FROM_X, FROM_X_AND_POOL, FROM_XX, KINDS, PARAMS, TAPS, TILE, conv_image, unit_params
+from code2wav.kernels.unit_window import FROM_X, FROM_X_AND_POOL, FROM_XX, KINDS, PARAMS, TAPS, TILE, check_operands, conv_image, unit_params
 
 C = 192  # channels: the conv's N, 24 chunks of 8
 THREADS = 256  # the two warpgroups that run the products
@@ -74,7 +74,7 @@ MAX_DILATION = max(d for d in range(1, 64) if smem_bytes(d, max(STAGINGS, key=la
 def source(kg: int = DEFAULT_KG) -> str:
     """The kernel's whole source for one staging (kernels/sm90.source)."""
     st = STAGINGS[kg]
-    defines = {"C": C, "THREADS": THREADS, "FILLERS": FILLERS, "KG": st.kg, "NSLOTS": st.slots,
+    defines = {"C": C, "TAPS": TAPS, "TILE": TILE, "THREADS": THREADS, "FILLERS": FILLERS, "KG": st.kg, "NSLOTS": st.slots,
                "MAX_DILATION": MAX_DILATION, "PARAMS": PARAMS, **KINDS}
     return sm90.source("unit_streamed.cu", defines, sm90.mma_ss(C) + sm90.mma_rs(C // 2), headers=("window.cuh",))
 
@@ -107,22 +107,8 @@ def unit_streamed(x: Tensor, wpack: Tensor, params: Tensor, dilation: int, xx: T
     ``pack``'s weights; ``kg``: the staging (a key of ``STAGINGS``); the other arguments as kernels/unit_window.unit_window's:
     ``xx``, the history concat, if given; else the kernel reads ``pool[slots]`` (zeros without a
     pool) and writes each row's new history, ending at sample ``n_new[b] * rate``, back."""
-    B, Cx, L = x.shape
-    H = (TAPS - 1) * dilation
-    if Cx != C or x.dtype != torch.bfloat16 or (xx is not None and xx.dtype != torch.bfloat16):
-        raise ValueError(f"unit_streamed takes bf16 {C}-channel activations, got {Cx} channels of {x.dtype}")
-    if x.stride(1) != 1 or (L > 1 and x.stride(2) != C) or x.data_ptr() % 16 or x.stride(0) % 8:
-        raise ValueError("unit_streamed reads channels-last x, its rows 16-byte aligned")
-    if xx is not None and (xx.stride()[1:] != (1, C) or xx.data_ptr() % 16 or xx.stride(0) % 8):
-        raise ValueError("unit_streamed reads channels-last xx, its rows 16-byte aligned")
-    if xx is not None and xx.shape[-1] < L + H:
-        raise ValueError(f"xx has {xx.shape[-1]} samples, the conv needs {L + H}")
-    if pool is not None:
-        if pool.dtype != torch.bfloat16 or pool.shape[1:] != (C, H) or pool.stride(2) != 1:
-            raise ValueError(f"the pool must be bf16 [slots, {C}, {H}] with time contiguous, got {pool.dtype} {tuple(pool.shape)}")
-        for name, t in (("slots", slots), ("n_new", n_new)):
-            if t is None or t.dtype != torch.long or t.shape != (B,) or t.stride(0) != 1:
-                raise ValueError(f"{name} must be a contiguous int64 tensor of {B} rows with the pool")
+    check_operands("unit_streamed", C, x, dilation, xx, pool, slots, n_new)
+    B, _, L = x.shape
     if kg not in STAGINGS:
         raise ValueError(f"unit_streamed streams stages of {sorted(STAGINGS)} input channels, got kg={kg}")
     if wpack.numel() != (TAPS + 1) * C * C or params.shape != (PARAMS, C):

@@ -1,12 +1,9 @@
 /* The CUDA C++ of kernels/unit_window.py (its docstring says what the kernel does); that module
-   prepends (kernels/sm90.source) C (96), THREADS (256: the two warpgroups that run the convs),
+   prepends (kernels/sm90.source) C (96), TAPS, TILE, THREADS (256: the two warpgroups that run the convs),
    PRODUCER, MAX_DILATION, PARAMS, the FROM_* kinds, the wgmma wrappers mma_ss / mma_rs,
    sm90.cuh's helpers and window.cuh, and NVRTC compiles it for sm_90a. */
 #define NACC 48          /* m64n96 fp32 accumulator: 48 values a thread */
-#define CHUNKS 12        /* 8-channel chunks */
 #define KSTEPS 6         /* k16 steps over C */
-#define TAPS 7
-#define TILE 128
 /* PRODUCER (prepended by kernels/unit_window.py): 128 or 256, the threads that fill the windows */
 #define W1_BYTES (TAPS * CHUNKS * C * 16)
 #define W2_BYTES (CHUNKS * C * 16)
@@ -86,39 +83,6 @@ __device__ __forceinline__ void conv_mma(float* acc, u32 win, const Ctx& k) {
     for (int s = 0; s < KSTEPS; ++s) mma_ss(acc, a0 + (2 * s) * wrows + tap * d, b0 + (tap * CHUNKS + 2 * s) * C);
   }
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-
-/* this thread's first output row of `tile` (the other is 8 below), and its batch row */
-__device__ __forceinline__ int out_row(int tile, const Ctx& k, int& b) {
-  b = tile / k.ntr;
-  return (tile % k.ntr) * TILE + k.row;
-}
-
-/* the residual rows of this thread's outputs (channels 8 j + 2 q, pairs), loads in flight */
-__device__ __forceinline__ void load_residual(u32* xres, const u16* x, int tile, const Ctx& k) {
-  int b, t = out_row(tile, k, b);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const u16* xr = x + (long long)b * k.sxb + (long long)min(t + 8 * h, k.L - 1) * C;
-#pragma unroll
-    for (int j = 0; j < 12; ++j) xres[12 * h + j] = *(const u32*)(xr + 8 * j + 2 * k.q);
-  }
-}
-
-/* SnakeBeta(acc + b1), rounded to bf16, as the 1x1's register operand: k step s's fragment is
-   a[4 s ..]: (t, k lo), (t + 8, k lo), (t, k hi), (t + 8, k hi); acc index 4 j + 2 h + e is row
-   t + 8 h, channel 8 j + 2 q + e */
-__device__ __forceinline__ void snake_fragments(u32* a, const float* acc, const Ctx& k) {
-#pragma unroll
-  for (int j = 0; j < 12; ++j) {
-    const int c2 = 4 * j + k.q;
-    const float2 b1 = k.sp2[c2], al = k.sp2[C / 2 + c2], ib = k.sp2[C + c2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float u0 = acc[4 * j + 2 * h] + b1.x, u1 = acc[4 * j + 2 * h + 1] + b1.y;
-      a[(j >> 1) * 4 + (j & 1) * 2 + h] = pack_bf16(snake(u0, al.x, ib.x), snake(u1, al.y, ib.y));
-    }
-  }
 }
 
 /* the 1x1 conv: 6 wgmmas with the register operand, committed as one group */

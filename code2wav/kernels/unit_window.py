@@ -73,7 +73,7 @@ def smem_bytes(dilation: int) -> int:
 
 def source(producers: int) -> str:
     """The kernel's whole source for ``producers`` filling warpgroups (kernels/sm90.source)."""
-    defines = {"C": C, "THREADS": THREADS, "PRODUCER": PRODUCER * producers, "MAX_DILATION": MAX_DILATION,
+    defines = {"C": C, "TAPS": TAPS, "TILE": TILE, "THREADS": THREADS, "PRODUCER": PRODUCER * producers, "MAX_DILATION": MAX_DILATION,
                "PARAMS": PARAMS, **KINDS}
     return sm90.source("unit_window.cu", defines, sm90.mma_ss(C) + sm90.mma_rs(C), headers=("window.cuh",))
 
@@ -112,6 +112,31 @@ def pack(w1: Tensor, w2: Tensor, b1: Tensor, alpha: Tensor, beta: Tensor, b2: Te
     return wpack, unit_params(b1, alpha, beta, b2, alpha1, beta1)
 
 
+def check_operands(kernel: str, c: int, x: Tensor, dilation: int, xx: Tensor | None, pool: Tensor | None,
+                   slots: Tensor | None, n_new: Tensor | None) -> None:
+    """What a window kernel of ``c`` channels reads, checked before a launch: bf16 channels-last
+    ``x`` (and ``xx``, long enough for the history), 16-byte aligned rows; a pool of the layer's
+    history rows ``[slots, c, 6 d]`` (time contiguous, even strides: read in pairs of samples)
+    with int64 ``slots`` and ``n_new``, one per row. ``kernel`` names the kernel in the errors."""
+    B, Cx, L = x.shape
+    H = (TAPS - 1) * dilation
+    if Cx != c or x.dtype != torch.bfloat16 or (xx is not None and xx.dtype != torch.bfloat16):
+        raise ValueError(f"{kernel} takes bf16 {c}-channel activations, got {Cx} channels of {x.dtype}")
+    if x.stride(1) != 1 or (L > 1 and x.stride(2) != c) or x.data_ptr() % 16 or x.stride(0) % 8:
+        raise ValueError(f"{kernel} reads channels-last x, its rows 16-byte aligned")
+    if xx is not None and (xx.stride()[1:] != (1, c) or xx.data_ptr() % 16 or xx.stride(0) % 8):
+        raise ValueError(f"{kernel} reads channels-last xx, its rows 16-byte aligned")
+    if xx is not None and xx.shape[-1] < L + H:
+        raise ValueError(f"xx has {xx.shape[-1]} samples, the conv needs {L + H}")
+    if pool is not None:
+        if (pool.dtype != torch.bfloat16 or pool.shape[1:] != (c, H) or pool.stride(2) != 1 or pool.stride(1) % 2
+                or pool.stride(0) % 2 or pool.data_ptr() % 4):
+            raise ValueError(f"the pool must be bf16 [slots, {c}, {H}] with time contiguous, got {pool.dtype} {tuple(pool.shape)}")
+        for name, t in (("slots", slots), ("n_new", n_new)):
+            if t is None or t.dtype != torch.long or t.shape != (B,) or t.stride(0) != 1:
+                raise ValueError(f"{name} must be a contiguous int64 tensor of {B} rows with the pool")
+
+
 def unit_window(x: Tensor, wpack: Tensor, params: Tensor, dilation: int, xx: Tensor | None = None,
                 pool: Tensor | None = None, slots: Tensor | None = None, n_new: Tensor | None = None,
                 rate: int = 1, conv_only: bool = False, producers: int = 1) -> Tensor:
@@ -124,22 +149,8 @@ def unit_window(x: Tensor, wpack: Tensor, params: Tensor, dilation: int, xx: Ten
     at sample ``n_new[b] * rate``, back to the pool (as history_cat would). ``conv_only``: the
     k=7 conv plus ``b1`` alone (tests). ``producers``: the warpgroups that fill the windows
     (``LayerChoices.window_producers``: 1 or 2)."""
-    B, Cx, L = x.shape
-    H = (TAPS - 1) * dilation
-    if Cx != C or x.dtype != torch.bfloat16 or (xx is not None and xx.dtype != torch.bfloat16):
-        raise ValueError(f"unit_window takes bf16 {C}-channel activations, got {Cx} channels of {x.dtype}")
-    if x.stride(1) != 1 or (L > 1 and x.stride(2) != C) or x.data_ptr() % 16 or x.stride(0) % 8:
-        raise ValueError("unit_window reads channels-last x, its rows 16-byte aligned")
-    if xx is not None and (xx.stride()[1:] != (1, C) or xx.data_ptr() % 16 or xx.stride(0) % 8):
-        raise ValueError("unit_window reads channels-last xx, its rows 16-byte aligned")
-    if xx is not None and xx.shape[-1] < L + H:
-        raise ValueError(f"xx has {xx.shape[-1]} samples, the conv needs {L + H}")
-    if pool is not None:
-        if pool.dtype != torch.bfloat16 or pool.shape[1:] != (C, H) or pool.stride(2) != 1:
-            raise ValueError(f"the pool must be bf16 [slots, {C}, {H}] with time contiguous, got {pool.dtype} {tuple(pool.shape)}")
-        for name, t in (("slots", slots), ("n_new", n_new)):
-            if t is None or t.dtype != torch.long or t.shape != (B,) or t.stride(0) != 1:
-                raise ValueError(f"{name} must be a contiguous int64 tensor of {B} rows with the pool")
+    check_operands("unit_window", C, x, dilation, xx, pool, slots, n_new)
+    B, _, L = x.shape
     if producers not in (1, 2):
         raise ValueError(f"unit_window fills its windows with 1 or 2 warpgroups, got producers={producers}")
     smem = smem_bytes(dilation)
