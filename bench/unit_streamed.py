@@ -13,66 +13,24 @@ from __future__ import annotations
 import sys
 
 import torch
-import torch.nn.functional as F
 from gpu_timing import timed_in_graph  # bench/ is the script's directory, first on sys.path
 from unit_tail import snr
+from unit_window import bf16, diff, history, inputs, reference, weights
 
 from code2wav.kernels import unit_conv
 from code2wav.kernels import unit_streamed as us
 from code2wav.kernels.history import history_cat
-from code2wav.kernels.snake import to_layout
 
 C, K = us.C, 7
 SPF = 640  # samples per frame at 192 channels
-SLOTS = 40  # the pool's rows in the history checks; the last one is the scratch slot
 NAMES = ("w1", "w2", "b1", "alpha", "beta", "b2", "alpha1", "beta1")  # pack's order
-
-
-def weights(seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random bf16 weights, the k=7 conv's channels-last as the decoder stores it (the Triton
-    unit reads it so; a contiguous one made it several times slower here)."""
-    g = torch.Generator().manual_seed(seed)
-    r = lambda *s, scale=1.0: (torch.randn(*s, generator=g) * scale).cuda().to(torch.bfloat16)  # noqa: E731
-    return dict(w1=to_layout(r(C, C, K, scale=(C * K) ** -0.5), channels_last=True), b1=r(C, scale=0.1), alpha=r(C, scale=0.2),
-                beta=r(C, scale=0.2), w2=r(C, C, 1, scale=C ** -0.5), b2=r(C, scale=0.1),
-                alpha1=r(C, scale=0.2), beta1=r(C, scale=0.2))
-
-
-def inputs(B: int, L: int, d: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    xx = torch.randn(B, (K - 1) * d + L, C, generator=g).to(torch.bfloat16).cuda().transpose(1, 2)
-    x = torch.randn(B, L, C, generator=g).to(torch.bfloat16).cuda().transpose(1, 2)
-    return xx, x
-
-
-def history(B: int, L: int, d: int, rate: int, seed: int = 2):
-    """Random histories, ``B`` rows on distinct slots but the last two (padding rows on the
-    scratch slot, no new frames), ragged new frames of ``rate`` samples within ``L``."""
-    g = torch.Generator().manual_seed(seed)
-    pool = torch.randn(SLOTS, C, (K - 1) * d, generator=g).to(torch.bfloat16).cuda()
-    slots = torch.randperm(SLOTS - 1, generator=g)[:B]
-    n_new = torch.randint(0, L // rate + 1, (B,), generator=g)
-    if B > 2:
-        slots[-2:], n_new[-2:] = SLOTS - 1, 0
-    return pool, slots.cuda(), n_new.cuda()
-
-
-def reference(xx, x, w, d: int) -> torch.Tensor:
-    h = F.conv1d(xx.float(), w["w1"].float(), w["b1"].float(), dilation=d)
-    a, inv_b = w["alpha"].float().exp()[:, None], 1.0 / (w["beta"].float().exp()[:, None] + 1e-9)
-    h = (h + inv_b * torch.sin(h * a) ** 2).to(torch.bfloat16).float()
-    return x.float() + F.conv1d(h, w["w2"].float(), w["b2"].float())
-
-
-def diff(a: torch.Tensor, b: torch.Tensor) -> str:
-    return f"{(a.float() != b.float()).sum().item()} of {a.numel()} differ, max {(a.float() - b.float()).abs().max().item():.3g}"
 
 
 def check(w, packs, shapes, dilations) -> bool:
     ok = True
     for (B, L) in shapes:
         for d in dilations:
-            xx, x = inputs(B, L, d)
+            xx, x = inputs(B, L, d, c=C)
             ref = reference(xx, x, w, d)
             tri = unit_conv.unit_conv(xx, x, w["w1"], d, w["b1"], w["alpha"], w["beta"], w["w2"], w["b2"])
             ys = {kg: us.unit_streamed(x, *p, d, xx=xx, kg=kg) for kg, p in packs.items()}
@@ -95,7 +53,7 @@ def check_history(x, w, packed, d: int, rate: int) -> bool:
     H, act1 = (K - 1) * d, (w["alpha1"], w["beta1"])
     xx0 = history_cat(x, H, act=act1)
     y0, y = us.unit_streamed(x, *packed, d, xx=xx0), us.unit_streamed(x, *packed, d)
-    pool, slots, n_new = history(B, L, d, rate)
+    pool, slots, n_new = history(B, L, d, rate, c=C)
     pool_ref, pool_got = pool.clone(), pool.clone()
     xx1 = history_cat(x, H, pool_ref, slots, act1, n_new=n_new, rate=rate)
     y1 = us.unit_streamed(x, *packed, d, xx=xx1)
@@ -119,7 +77,7 @@ def timings(w, packs, shapes, replays: int) -> None:
     for (B, T) in shapes:
         for d in (1, 9):
             L = T * SPF
-            xx, x = inputs(B, L, d)
+            xx, x = inputs(B, L, d, c=C)
             pool = torch.zeros(B + 1, C, (K - 1) * d, dtype=torch.bfloat16, device="cuda")
             slots, n_new = torch.arange(B, device="cuda"), torch.full((B,), T, device="cuda")
             cat = timed_in_graph(lambda: history_cat(x, (K - 1) * d, pool, slots, act1, n_new=n_new, rate=SPF),  # noqa: B023
@@ -137,7 +95,7 @@ def timings(w, packs, shapes, replays: int) -> None:
 def main() -> int:
     shapes = [tuple(int(v) for v in s.split("x")) for s in (sys.argv[1] if len(sys.argv) > 1 else "1x1,16x1,1x25,16x25,20x25").split(",")]
     replays = int(sys.argv[2]) if len(sys.argv) > 2 else 10
-    w = weights()
+    w = bf16(weights(c=C))
     packed = us.pack(*(w[k] for k in NAMES))
     packs = {kg: packed for kg in us.STAGINGS}  # one image, streamed at each staging
     print(f"smem {us.smem_bytes(9)} B at d=9, MAX_DILATION {us.MAX_DILATION}; {torch.cuda.get_device_name()}", flush=True)

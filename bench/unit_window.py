@@ -19,33 +19,36 @@ from unit_tail import snr
 
 from code2wav.kernels import unit_conv, unit_window
 from code2wav.kernels.history import history_cat
+from code2wav.kernels.snake import to_layout
 
 C, K = 96, 7
 SPF = 1920  # samples per frame at 96 channels
 SLOTS = 40  # the pool's rows in the history checks; the last one is the scratch slot
 
 
-def weights(seed: int = 0) -> dict[str, torch.Tensor]:
+def weights(seed: int = 0, c: int = C) -> dict[str, torch.Tensor]:
+    """Random float32 weights of a ``c``-channel unit, the k=7 conv's channels-last as the decoder
+    stores it (the Triton unit reads it so; a contiguous one is several times slower there)."""
     g = torch.Generator().manual_seed(seed)
     r = lambda *s, scale=1.0: (torch.randn(*s, generator=g) * scale).cuda()  # noqa: E731
-    return dict(w1=r(C, C, K, scale=(C * K) ** -0.5), b1=r(C, scale=0.1), alpha=r(C, scale=0.2),
-                beta=r(C, scale=0.2), w2=r(C, C, 1, scale=C ** -0.5), b2=r(C, scale=0.1),
-                alpha1=r(C, scale=0.2), beta1=r(C, scale=0.2))
+    return dict(w1=to_layout(r(c, c, K, scale=(c * K) ** -0.5), channels_last=True), b1=r(c, scale=0.1),
+                alpha=r(c, scale=0.2), beta=r(c, scale=0.2), w2=r(c, c, 1, scale=c ** -0.5), b2=r(c, scale=0.1),
+                alpha1=r(c, scale=0.2), beta1=r(c, scale=0.2))
 
 
-def inputs(B: int, L: int, d: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """``xx`` (``[B, C, 6 d + L]`` channels-last: the history concat) and ``x`` (the residual)."""
+def inputs(B: int, L: int, d: int, seed: int = 1, c: int = C) -> tuple[torch.Tensor, torch.Tensor]:
+    """``xx`` (``[B, c, 6 d + L]`` channels-last: the history concat) and ``x`` (the residual)."""
     g = torch.Generator().manual_seed(seed)
-    xx = torch.randn(B, (K - 1) * d + L, C, generator=g).to(torch.bfloat16).cuda().transpose(1, 2)
-    x = torch.randn(B, L, C, generator=g).to(torch.bfloat16).cuda().transpose(1, 2)
+    xx = torch.randn(B, (K - 1) * d + L, c, generator=g).to(torch.bfloat16).cuda().transpose(1, 2)
+    x = torch.randn(B, L, c, generator=g).to(torch.bfloat16).cuda().transpose(1, 2)
     return xx, x
 
 
-def history(B: int, L: int, d: int, rate: int, seed: int = 2):
+def history(B: int, L: int, d: int, rate: int, seed: int = 2, c: int = C):
     """A pool of random histories, ``B`` rows on distinct slots but the last two (padding rows on
     the scratch slot, no new frames), ragged new frames of ``rate`` samples within ``L``."""
     g = torch.Generator().manual_seed(seed)
-    pool = torch.randn(SLOTS, C, (K - 1) * d, generator=g).to(torch.bfloat16).cuda()
+    pool = torch.randn(SLOTS, c, (K - 1) * d, generator=g).to(torch.bfloat16).cuda()
     slots = torch.randperm(SLOTS - 1, generator=g)[:B]
     n_new = torch.randint(0, L // rate + 1, (B,), generator=g)
     if B > 2:

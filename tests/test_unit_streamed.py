@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from code2wav.kernels import unit_streamed as us
+from tests.test_unit_window import _float64_unit as float64_unit
+from tests.test_unit_window import _weights as unit_weights
 
 C, K = us.C, us.TAPS
 
 
 def _weights(seed: int = 0) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    r = lambda *s, scale=1.0: (torch.randn(*s, generator=g, dtype=torch.float64) * scale)  # noqa: E731
-    # w1, w2, b1, alpha, beta, b2, alpha1, beta1: pack's order
-    return [r(C, C, K, scale=(C * K) ** -0.5), r(C, C, 1, scale=C ** -0.5), r(C, scale=0.1), r(C, scale=0.2),
-            r(C, scale=0.2), r(C, scale=0.1), r(C, scale=0.2), r(C, scale=0.2)]
+    return unit_weights(seed, c=C)
 
 
 def _stages(wpack: torch.Tensor, kg: int) -> list[torch.Tensor]:
@@ -70,14 +67,7 @@ def test_pack_writes_the_stages_the_kernel_streams(d, kg):
     wpack, params = us.pack(w1, w2, b1, alpha, beta, b2, alpha1, beta1)  # one image, read at each staging
     assert wpack.dtype == torch.bfloat16 and wpack.numel() == (K + 1) * C * C
     assert params.dtype == torch.float32 and params.shape == (us.PARAMS, C)
-    g = torch.Generator().manual_seed(1)
-    B, L = 2, 150
-    xx = torch.randn(B, C, (K - 1) * d + L, generator=g, dtype=torch.float64)
-    x = torch.randn(B, C, L, generator=g, dtype=torch.float64)
-    f = [t.double() for t in (w1, w2, b1, alpha, beta, b2)]
-    h = F.conv1d(xx, f[0], f[2], dilation=d)
-    h = h + torch.sin(h * f[3].exp()[:, None]) ** 2 / (f[4].exp()[:, None] + 1e-9)
-    ref = x + F.conv1d(h, f[1], f[5])
+    xx, x, ref = float64_unit((w1, w2, b1, alpha, beta, b2), d, 150)
     got = _read_like_the_kernel(xx, x, wpack, params, d, kg)
     # params hold e^alpha and 1 / (e^beta + 1e-9) in float32: relative error ~1e-7
     assert (got - ref).abs().max().item() < 1e-5 * ref.abs().max().item()

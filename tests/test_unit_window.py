@@ -14,12 +14,26 @@ from code2wav.kernels import unit_window as uw
 C, K = uw.C, uw.TAPS
 
 
-def _weights(seed: int = 0) -> list[torch.Tensor]:
+def _weights(seed: int = 0, c: int = C) -> list[torch.Tensor]:
+    """Random float64 weights of a ``c``-channel unit, in ``pack``'s order: w1, w2, b1, alpha,
+    beta, b2, alpha1, beta1."""
     g = torch.Generator().manual_seed(seed)
     r = lambda *s, scale=1.0: (torch.randn(*s, generator=g, dtype=torch.float64) * scale)  # noqa: E731
-    # w1, w2, b1, alpha, beta, b2, alpha1, beta1: pack's order
-    return [r(C, C, K, scale=(C * K) ** -0.5), r(C, C, 1, scale=C ** -0.5), r(C, scale=0.1), r(C, scale=0.2),
-            r(C, scale=0.2), r(C, scale=0.1), r(C, scale=0.2), r(C, scale=0.2)]
+    return [r(c, c, K, scale=(c * K) ** -0.5), r(c, c, 1, scale=c ** -0.5), r(c, scale=0.1), r(c, scale=0.2),
+            r(c, scale=0.2), r(c, scale=0.1), r(c, scale=0.2), r(c, scale=0.2)]
+
+
+def _float64_unit(w: tuple[torch.Tensor, ...], d: int, L: int, B: int = 2) -> tuple[torch.Tensor, ...]:
+    """Random ``xx`` (the history concat) and ``x`` of ``B`` rows, and the unit over them in float64
+    from ``w`` = (w1, w2, b1, alpha, beta, b2): the reference the packed images are read against."""
+    c = w[0].shape[0]
+    g = torch.Generator().manual_seed(1)
+    xx = torch.randn(B, c, (K - 1) * d + L, generator=g, dtype=torch.float64)
+    x = torch.randn(B, c, L, generator=g, dtype=torch.float64)
+    f = [t.double() for t in w]
+    h = F.conv1d(xx, f[0], f[2], dilation=d)
+    h = h + torch.sin(h * f[3].exp()[:, None]) ** 2 / (f[4].exp()[:, None] + 1e-9)
+    return xx, x, x + F.conv1d(h, f[1], f[5])
 
 
 def _read_like_the_kernel(xx: torch.Tensor, x: torch.Tensor, wpack: torch.Tensor, params: torch.Tensor, d: int) -> torch.Tensor:
@@ -47,14 +61,7 @@ def test_pack_writes_the_image_the_kernel_reads(d):
     # act1's rows, for the window the kernel fills from x: e^alpha1 and 1 / (e^beta1 + 1e-9)
     torch.testing.assert_close(params[4], alpha1.double().exp().float())
     torch.testing.assert_close(params[5], (1.0 / (beta1.double().exp() + 1e-9)).float())
-    g = torch.Generator().manual_seed(1)
-    B, L = 2, 200
-    xx = torch.randn(B, C, (K - 1) * d + L, generator=g, dtype=torch.float64)
-    x = torch.randn(B, C, L, generator=g, dtype=torch.float64)
-    f = [t.double() for t in (w1, w2, b1, alpha, beta, b2)]
-    h = F.conv1d(xx, f[0], f[2], dilation=d)
-    h = h + torch.sin(h * f[3].exp()[:, None]) ** 2 / (f[4].exp()[:, None] + 1e-9)
-    ref = x + F.conv1d(h, f[1], f[5])
+    xx, x, ref = _float64_unit((w1, w2, b1, alpha, beta, b2), d, 200)
     got = _read_like_the_kernel(xx, x, wpack, params, d)
     # params hold e^alpha and 1 / (e^beta + 1e-9) in float32: relative error ~1e-7
     assert (got - ref).abs().max().item() < 1e-5 * ref.abs().max().item()
