@@ -10,7 +10,6 @@ and checked against them on a hit; the least recently used leave first, under ``
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -32,13 +31,15 @@ class PrefixCache:
         if max_bytes <= 0:
             raise ValueError(f"max_bytes must be positive, got {max_bytes}")
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._entries: OrderedDict[tuple[tuple[int, ...], int], _Entry] = OrderedDict()
         self.bytes = self.hits = self.misses = self.evictions = 0
 
     @staticmethod
-    def _key(codes: Tensor) -> str:
-        data = codes.contiguous().numpy().tobytes()
-        return f"{tuple(codes.shape)}:{hashlib.blake2b(data, digest_size=16).hexdigest()}"
+    def _key(codes: Tensor) -> tuple[tuple[int, ...], int]:
+        """The prefix's shape and Python's own hash of its bytes: it runs on the worker before a
+        cached stream's first step, and a hit is checked against the codes anyway, so a collision
+        costs a miss, never other audio (blake2b took ~4x as long: BENCHMARKS.md, session 35)."""
+        return tuple(codes.shape), hash(codes.contiguous().numpy().tobytes())
 
     def get(self, codes: Tensor) -> State | None:
         """The state of a stream prefilled with exactly ``codes``, or None (counted either way)."""
