@@ -7,9 +7,9 @@ history read from the pool and act1 applied, as the 96-channel kernel does) into
 once, and the weights pass through it in stages of ``KG`` input channels: one thread streams
 them from L2 with bulk copies (the TMA unit, no tensor map), ``NSLOTS`` stages ahead of the
 products, in the order the image ``pack`` writes holds them (the k=7 conv tap by tap, then the
-1x1 conv). Each tile reads all of them once: against the Triton unit (kernels/unit_conv.py),
-whose 64-row tiles read the weights again for every tile and every tap's rows again from L2,
-the L2 traffic a sample falls by about half, and the history concat before the unit is gone.
+1x1 conv). Each 128-sample tile reads all of them once, where the Triton unit
+(kernels/unit_conv.py) reads them for every 64-row tile and each tap's input rows again; and the
+history concat before the unit is gone.
 
 Roles, by warpgroup: ``FILLERS`` threads fill the windows (``cp.async``, then SnakeBeta in place),
 up to two tiles ahead; one thread streams the weights; two warpgroups run the products, each
