@@ -8,6 +8,9 @@
 #                               the Triton unit with channels-last weights as the decoder's), the
 #                               record alternating the new default (unit_streamed_rows=16384) and 0,
 #                               then the quick GPU checks
+#   bash bench/session35.sh d   (not run in session 35: no device time left) a cached voice's first
+#                               packet against a fresh stream's, timed and profiled
+#                               (bench/prefix_first_packet.py), then the record's prefix form at one stream
 #   bash bench/session35.sh b   every GPU check (bench/gpu_check.py, 400 s), then the record at the default
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
@@ -36,11 +39,19 @@ c)
   timeout 170 python3 bench/gpu_check.py --quick 2>&1 | grep -v Warning | tee "$OUT/gpu_check.txt" | grep -E "FAIL|SUMMARY|unit_streamed|bf16 stream" | tee -a "$log"
   keep_triton_cache
   ;;
+d)
+  stamp "a cached voice's first packet (bench/prefix_first_packet.py)"
+  timeout 240 python3 bench/prefix_first_packet.py cuda 100 2>&1 | grep -v Warning | tee "$OUT/prefix_first_packet.txt" | head -3 | tee -a "$log"
+  stamp "sustained 1: no prefix, a cached 200-frame prefix"
+  timeout 170 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 1 --prefix 0,200 --voices 8 --seconds 3 \
+    --set prefix_cache_bytes=1000000000 --out "$OUT/prefix" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/prefix.txt" | grep -A3 "^mode" | tee -a "$log"
+  rm -f "$OUT/prefix/plot.png"
+  ;;
 b)
   stamp "every GPU check"
   timeout 400 python3 bench/gpu_check.py 2>&1 | grep -v Warning | tee "$OUT/gpu_check.txt" | grep -E "FAIL|SUMMARY" | tee -a "$log"
   sustained_levels default_1
   ;;
 *)
-  echo "usage: bash bench/session35.sh a|b" >&2; exit 2 ;;
+  echo "usage: bash bench/session35.sh a|b|c|d" >&2; exit 2 ;;
 esac
