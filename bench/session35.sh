@@ -41,7 +41,7 @@ c)
   ;;
 d)
   stamp "a cached voice's first packet (bench/prefix_first_packet.py)"
-  timeout 240 python3 bench/prefix_first_packet.py cuda 100 2>&1 | grep -v Warning | tee "$OUT/prefix_first_packet.txt" | head -3 | tee -a "$log"
+  timeout 240 python3 bench/prefix_first_packet.py cuda 100 2>&1 | grep -v Warning | tee "$OUT/prefix_first_packet.txt" | grep "first push" | tee -a "$log"
   stamp "sustained 1: no prefix, a cached 200-frame prefix"
   timeout 170 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 1 --prefix 0,200 --voices 8 --seconds 3 \
     --set prefix_cache_bytes=1000000000 --out "$OUT/prefix" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/prefix.txt" | grep -A3 "^mode" | tee -a "$log"
