@@ -21,7 +21,7 @@ from code2wav.kernels import unit_conv
 from code2wav.kernels import unit_streamed as us
 from code2wav.kernels.history import history_cat
 
-C, K = us.C, 7
+C, K = us.C, us.TAPS
 SPF = 640  # samples per frame at 192 channels
 NAMES = ("w1", "w2", "b1", "alpha", "beta", "b2", "alpha1", "beta1")  # pack's order
 

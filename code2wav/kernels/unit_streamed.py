@@ -32,7 +32,7 @@ from code2wav.kernels import instant, sm90
 from code2wav.kernels.sm90 import SMEM_LIMIT
 from code2wav.kernels.snake import is_channels_last
 from code2wav.kernels.unit import sm_count
-from code2wav.kernels.unit_window import FROM_X, FROM_X_AND_POOL, FROM_XX, KINDS, PARAMS, TAPS, TILE, check_operands, conv_image, unit_params
+from code2wav.kernels.unit_window import FROM_X, FROM_X_AND_POOL, FROM_XX, KINDS, PARAMS, TAPS, TILE, check_operands, conv_image, unit_params, window_rows
 
 C = 192  # channels: the conv's N, 24 chunks of 8
 THREADS = 256  # the two warpgroups that run the products
@@ -58,17 +58,12 @@ STAGINGS = {64: Stages(64, 3), 32: Stages(32, 6)}
 DEFAULT_KG = 64
 
 
-def window_rows(dilation: int) -> int:
-    """Rows a window buffer holds: ``TILE + 6 d``, rounded up to 1 modulo 8 (bank spread)."""
-    rows = TILE + (TAPS - 1) * dilation
-    return rows + (1 - rows) % 8
-
-
 def smem_bytes(dilation: int, kg: int = DEFAULT_KG) -> int:
     return STAGINGS[kg].ring_bytes + PARAMS * C * 4 + _BAR_BYTES + 2 * window_rows(dilation) * C * 2
 
 
-MAX_DILATION = max(d for d in range(1, 64) if smem_bytes(d, max(STAGINGS, key=lambda k: STAGINGS[k].ring_bytes)) <= SMEM_LIMIT)
+# the largest dilation whose two windows fit beside the stage buffers at every staging
+MAX_DILATION = max(d for d in range(1, 64) if all(smem_bytes(d, kg) <= SMEM_LIMIT for kg in STAGINGS))
 
 
 def source(kg: int = DEFAULT_KG) -> str:

@@ -6,6 +6,7 @@ state dict loads without renaming.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -269,15 +270,11 @@ class ResidualUnit(nn.Module):
         src = (self.conv2.conv.weight, self.conv1.conv.bias, self.act2.alpha, self.act2.beta, self.conv2.conv.bias)
         return self._pack("tail_wide", src, tail_wide.pack)
 
-    def _window_unit(self, x: Tensor, step: Step | None, d: int, streamed: bool) -> Tensor:
-        """A CUDA C++ unit (the 96-channel window kernel, or the 192-channel one with streamed
-        weights): by default it reads the history and applies act1 itself
-        (``LayerChoices.read_history``); otherwise after the history concat."""
+    def _window_unit(self, x: Tensor, step: Step | None, d: int, run: Callable[..., Tensor], weights: tuple[Tensor, Tensor]) -> Tensor:
+        """A CUDA C++ unit (``run``: the 96-channel window kernel, or the 192-channel one with
+        streamed weights, from its packed ``weights``): by default it reads the history and
+        applies act1 itself (``LayerChoices.read_history``); otherwise after the history concat."""
         pool = step.pool[self.conv1.state_key] if step is not None else None
-        if streamed:
-            run, weights = unit_streamed.unit_streamed, self.streamed_weights()
-        else:
-            run, weights = partial(unit_window.unit_window, producers=self.choices.window_producers), self.window_weights()
         if self.choices.read_history and (pool is None or pool.dtype == x.dtype):
             slots, n_new = _rows_of(step)
             return run(x, *weights, d, pool=pool, slots=slots, n_new=n_new, rate=self.conv1.rate)
@@ -286,9 +283,10 @@ class ResidualUnit(nn.Module):
     def forward(self, x: Tensor, step: Step | None = None) -> Tensor:
         d = self.conv1.conv.dilation[0]
         if unit_window.applies(x, self.choices.unit_window_rows, d):
-            return self._window_unit(x, step, d, streamed=False)
+            run = partial(unit_window.unit_window, producers=self.choices.window_producers)
+            return self._window_unit(x, step, d, run, self.window_weights())
         if unit_streamed.applies(x, self.choices.unit_streamed_rows, d):
-            return self._window_unit(x, step, d, streamed=True)
+            return self._window_unit(x, step, d, unit_streamed.unit_streamed, self.streamed_weights())
         if unit_conv.applies(x, self.choices.unit_conv_rows):  # the history concat, then the rest in one kernel
             c1 = self.conv1.conv
             return unit_conv.unit_conv(self.conv1._with_history(x, step, self.act1), x, c1.weight, c1.dilation[0], c1.bias,
