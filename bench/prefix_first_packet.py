@@ -1,8 +1,8 @@
 """Where a cached voice's first packet at one stream spends its time, beside a fresh stream's:
 one engine (graphs on CUDA, the prefix cache on), streams opened one at a time, alternating a
 fresh stream and one whose 200-frame prefix is cached; for each, the first one-frame push
-(admission, the cache lookup and restore, the step, the audio back) timed on the host, then the
-same under torch.profiler (the host's ops and the GPU's kernels, per kind). argv: [device,
+(admission, the cache lookup and restore, the step, the audio back) and the second 25-frame one
+timed on the host; the lookup and the restore alone; then the same streams under torch.profiler (the host's ops and the GPU's kernels, per kind). argv: [device,
 default cuda] [pairs, default 100]. Session 35 measured a cached voice's first packet 0.28 ms
 later than a fresh stream's on an H100 through code2wav.bench (BENCHMARKS.md).
 """
@@ -25,40 +25,60 @@ def main() -> int:
     device = sys.argv[1] if len(sys.argv) > 1 else "cuda"
     pairs = int(sys.argv[2]) if len(sys.argv) > 2 else 100
     dtype = "bfloat16" if device.startswith("cuda") else "float32"
-    engine = build_engine(EngineConfig(device=device, dtype=dtype, max_streams=4, prefix_cache_bytes=10**9))
+    # As the bench builds its engine at one stream (code2wav.bench.run): one slot, 32-frame pieces.
+    engine = build_engine(EngineConfig(device=device, dtype=dtype, max_streams=1, max_step_frames=32, prefix_cache_bytes=10**9))
     rng = np.random.default_rng(0)
-    voice, frame = rng.integers(0, 2048, (PREFIX, 16)), rng.integers(0, 2048, (1, 16))
+    voice, first, second = rng.integers(0, 2048, (PREFIX, 16)), rng.integers(0, 2048, (1, 16)), rng.integers(0, 2048, (25, 16))
     n = 0
 
-    def first_push(prefix: np.ndarray | None) -> float:
+    def stream(prefix: np.ndarray | None) -> tuple[float, float]:
+        """The first (1-frame) and second (25-frame) push of a new stream, ms each."""
         nonlocal n
         n += 1
         rid = f"s{n}"
         engine.open(rid, prefix)
         t0 = time.perf_counter()
-        engine.push(rid, frame)  # the audio comes back to the host: the step is done
-        t = time.perf_counter() - t0
+        engine.push(rid, first)  # the audio comes back to the host: the step is done
+        t1 = time.perf_counter()
+        engine.push(rid, second)
+        t2 = time.perf_counter()
         engine.finish(rid)
-        return t * 1e3
+        return (t1 - t0) * 1e3, (t2 - t1) * 1e3
 
     for _ in range(5):  # the voice enters the cache; every shape has run once
-        first_push(voice), first_push(None)
-    times: dict[str, list[float]] = {"fresh": [], "cached": []}
+        stream(voice), stream(None)
+    times: dict[str, list[tuple[float, float]]] = {"fresh": [], "cached": []}
     for _ in range(pairs):
-        times["fresh"].append(first_push(None))
-        times["cached"].append(first_push(voice))
-    p50 = {k: float(np.median(v)) for k, v in times.items()}
-    print(f"{torch.cuda.get_device_name() if device.startswith('cuda') else device}: first push p50 fresh "
-          f"{p50['fresh']:.3f} ms, cached {p50['cached']:.3f} ms (+{p50['cached'] - p50['fresh']:.3f}); p90 "
-          f"{np.percentile(times['fresh'], 90):.3f} / {np.percentile(times['cached'], 90):.3f} ms; "
-          f"cache {engine.prefix_cache_stats()}", flush=True)
+        times["fresh"].append(stream(None))
+        times["cached"].append(stream(voice))
+    for i, what in enumerate(("first push", "second push")):
+        f, c = (np.asarray([t[i] for t in times[k]]) for k in ("fresh", "cached"))
+        print(
+            f"{torch.cuda.get_device_name() if device.startswith('cuda') else device}: {what} p50 fresh "
+            f"{np.median(f):.3f} ms, cached {np.median(c):.3f} ms (+{np.median(c) - np.median(f):.3f}); p90 "
+            f"{np.percentile(f, 90):.3f} / {np.percentile(c, 90):.3f} ms",
+            flush=True,
+        )
+    print(f"cache {engine.prefix_cache_stats()}", flush=True)
+    cache, pool = engine.prefill.cache, engine.pool
+    codes = torch.as_tensor(voice)
+    state = cache.get(codes)
+    for what, fn in (("cache.get", lambda: cache.get(codes)), ("pool.restore", lambda: pool.restore(0, state))):
+        sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(200):
+            fn()
+        host = (time.perf_counter() - t0) / 200 * 1e6
+        sync()
+        print(f"{what}: {host:.1f} us host a call, {(time.perf_counter() - t0) / 200 * 1e6:.1f} us with the device's work", flush=True)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
     for name, prefix in (("fresh", None), ("cached", voice)):
         with profile(activities=activities) as prof:
             for _ in range(10):
-                first_push(prefix)
+                stream(prefix)
         sort = "cuda_time_total" if device.startswith("cuda") else "cpu_time_total"
-        print(f"--- {name}: 10 first pushes, by {sort}")
+        print(f"--- {name}: 10 streams (a first and a second push), by {sort}")
         print(prof.key_averages().table(sort_by=sort, row_limit=25), flush=True)
     return 0
 

@@ -12,6 +12,7 @@ import torch
 
 from code2wav.codes import CodesError
 from code2wav.engine.async_engine import AsyncEngine, Backpressure
+from code2wav.engine.build import EngineConfig
 from code2wav.engine.graphs import DEFAULT_BATCHES, DEFAULT_FRAMES, pick_bucket, plan_buckets, priority_shapes
 from code2wav.stream.engine import StreamEngine
 from code2wav.stream.order import SlotOrder
@@ -886,6 +887,22 @@ def test_bench_sustained_load_measures_a_window(m, monkeypatch):
     assert res.samples <= res.streams * 6 * SPF
     assert res.steps and all(s > 0 for s in res.steps)
     assert core.active == 0 and core.pool.in_use == 0  # every stream finished, every slot back
+
+
+def test_bench_warms_every_voice_before_the_timed_run(m):
+    """``--voices 6 --prefix 3`` with the prefix cache on: the untimed warm-up opens one stream
+    per voice (6 voices over its 4 workers: two runs), so every stream of the timed run (6
+    workers, voices 0-5) finds its voice cached, as in a service whose clone voices were heard
+    before."""
+    from code2wav import bench
+
+    base = EngineConfig(prefix_cache_bytes=10**8)
+    rows = bench.run(m, ["exact-eager"], [6], frames=3, schedule=[1, 2], prefixes=(3,), stagger_s=0.0, progress=False,
+                     warm_eager=False, base=base, voices=6)
+    assert rows[0].prefix_hit_pct == 100.0 and rows[0].streams == 6
+    cold = bench.run(m, ["exact-eager"], [6], frames=3, schedule=[1, 2], prefixes=(3,), stagger_s=0.0, progress=False,
+                     warm_eager=False, base=base, voices=0)  # each stream its own prefix: nothing to warm
+    assert cold[0].prefix_hit_pct == 0.0
 
 
 def test_bench_runs_each_level_once_per_first_chunk_wait(m, monkeypatch):
