@@ -4,7 +4,7 @@
 #   bash bench/session36.sh a   a cached voice's first and second push against a fresh stream's, timed
 #                               and profiled (bench/prefix_first_packet.py); serve from a cold start to
 #                               its first audio; the record's prefix form (8 voices, every one warmed
-#                               before the timed window) at 1 / 64 / 256 streams; serve again (warm caches)
+#                               before the timed window) at 1 / 64 / 256 streams
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 cold() {
@@ -26,8 +26,6 @@ a)
     | grep -E "push|cache|restore" | tee -a "$log"
   prefix_levels prefix_1 1
   prefix_levels prefix_64_256 64,256
-  cold restart
-  keep_triton_cache
   ;;
 *)
   echo "usage: bash bench/session36.sh a" >&2; exit 2 ;;
