@@ -79,16 +79,34 @@ def test_the_least_recently_used_prefix_leaves_first_under_the_bound():
     assert stats["bytes"] <= stats["max_bytes"]
 
 
+class _HashesAlike(bytes):
+    def __hash__(self) -> int:
+        return 0
+
+
 def test_a_hash_collision_is_a_miss_not_another_voice(monkeypatch):
-    """A hit is checked against the codes: two prefixes that hash alike never share state."""
-    monkeypatch.setattr(PrefixCache, "_key", staticmethod(lambda codes: "same"))
+    """A hit is checked against the codes: with every key hashing alike, two prefixes still
+    never share state (the cache compares the codes whole, not their hash)."""
+    key = PrefixCache._key
+    monkeypatch.setattr(PrefixCache, "_key", lambda self, codes: (key(self, codes)[0], _HashesAlike(key(self, codes)[1])))
     m = model(SMALL, torch.float64)
     a, b = random_codes(30, SMALL, seed=13), random_codes(30, SMALL, seed=14)
     engine = StreamEngine(m, max_streams=2, prefix_cache_bytes=64 << 20)
     stream_alone(engine, "a", a, 15, 15, [15])
     got = stream_alone(engine, "b", b, 15, 15, [15])
     assert (got - forward_audio(m, b)[15 * SPF :]).abs().max() <= 1e-9
-    assert engine.prefix_cache_stats()["hits"] == 0
+    assert engine.prefix_cache_stats()["hits"] == 0 and engine.prefix_cache_stats()["entries"] == 2
+
+
+def test_keys_narrow_the_codes_only_where_every_code_fits():
+    """Keys hold the codes as int16 under a codebook that fits it (a quarter of int64's bytes),
+    as they are otherwise; equal codes make equal keys either way, and other codes other keys."""
+    codes = random_codes(6, SMALL, seed=16)
+    narrow, wide = PrefixCache(1 << 20, code_bound=2048), PrefixCache(1 << 20, code_bound=1 << 16)
+    assert len(narrow._key(codes)[1]) == codes.numel() * 2 and len(wide._key(codes)[1]) == codes.numel() * 8
+    big = codes.clone()
+    big[0, 0] = 40_000  # would wrap around in int16
+    assert wide._key(big) != wide._key(codes) and narrow._key(codes.clone()) == narrow._key(codes)
 
 
 def test_without_a_bound_there_is_no_cache():

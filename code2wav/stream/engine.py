@@ -72,7 +72,7 @@ class StreamEngine(Lifecycle):
         self.stager = Stager(runner.padded_shape, self.pool.scratch_slot, self.cfg.num_quantizers, pin=self.device.type == "cuda")
         self.prefill = Prefill(runner, max_step_frames, self.max_batch_frames,
                                bucket=self.device.type == "cuda" if bucket_prefill is None else bucket_prefill,
-                               cache=PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None)
+                               cache=PrefixCache(prefix_cache_bytes, model.config.codebook_size) if prefix_cache_bytes else None)
         self._events: list[Any] = []  # CUDA timing events, reused once their step has landed
         self._order = SlotOrder()  # each slot's last work, where the runner has a second (priority) stream
         # float16 (the conv stack's or the low-rate stages') can overflow where bfloat16 and
