@@ -368,7 +368,7 @@ def test_finishing_many_streams_during_a_long_step_queues_one_zeroing_job(m, cod
                 await asyncio.sleep(0.001)
             for i in range(5):
                 await eng.finish(f"s{i}")
-            queued = eng._zeroing_queued  # one request, however many streams ended
+            queued = eng._idle_work_queued  # one request, however many streams ended
             await eng.open("new")
             fn = eng.submit("new", codes[:4])
             hold.set()

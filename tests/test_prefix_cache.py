@@ -65,6 +65,81 @@ def test_a_hits_first_chunk_gathers_like_a_fresh_streams_and_a_misss_does_not():
         assert [r.gathers for r in later] == [False]
 
 
+def test_a_cached_prefix_goes_in_when_the_stream_opens_not_on_its_first_packet():
+    """``restore_opened`` (the async engine's worker runs it when idle, after an open): a stream
+    opened with a cached prefix starts from that state at once, so its first chunk has no
+    lookup or copy left to do; a prefix not cached is left for the first chunk's prefill and
+    counted as a miss there, once. Audio as the forward's either way."""
+    m = model(SMALL, torch.float64)
+    with one_thread():
+        engine, (voice, other, tail) = hit_miss_cold(m)
+        hits, misses = engine.prefix_cache_stats()["hits"], engine.prefix_cache_stats()["misses"]
+        engine.restore_opened()
+        st_hit, st_miss = engine._streams["hit"], engine._streams["miss"]
+        assert st_hit.prefix is None and st_miss.prefix is not None
+        assert engine.prefix_cache_stats()["hits"] == hits + 1 and engine.prefix_cache_stats()["misses"] == misses
+        warm = engine.pool.snapshot(engine._streams["hit"].slot)
+        cached = engine.prefill.cache.get(voice)  # (a lookup: counted as a hit)
+        assert all(torch.equal(warm[k], cached[k]) for k in cached)  # the slot holds the cached state
+        engine.restore_opened()  # nothing opened since: no lookup
+        assert engine.prefix_cache_stats()["hits"] == hits + 2 and engine.prefix_cache_stats()["misses"] == misses
+        out = engine.decode({"hit": tail[:5], "miss": tail[:7]})
+        assert engine.prefix_cache_stats()["misses"] == misses + 1 and not engine._opened
+    assert (out["hit"] - forward_audio(m, torch.cat([voice, tail]))[20 * SPF : 25 * SPF]).abs().max() <= 1e-9
+    assert (out["miss"] - forward_audio(m, torch.cat([other, tail]))[12 * SPF : 19 * SPF]).abs().max() <= 1e-9
+
+
+def test_a_stream_ended_before_its_restore_leaves_nothing_behind():
+    """A stream aborted (or reaped) between its open and the worker's ``restore_opened`` is not
+    restored into the slot it gave back: the next owner of that slot (here the only one) starts
+    cold, exactly; and the engine keeps no trace of the ended stream."""
+    m = model(SMALL, torch.float64)
+    voice, tail = random_codes(20, SMALL, seed=17), random_codes(9, SMALL, seed=18)
+    with one_thread():
+        engine = StreamEngine(m, max_streams=1, prefix_cache_bytes=64 << 20)
+        stream_alone(engine, "warm", torch.cat([voice, tail]), 20, 2, [2])
+        engine.open("gone", voice)
+        engine.abort("gone")
+        assert not engine._opened
+        engine.open("fresh")
+        engine.restore_opened()
+        got = engine.push("fresh", tail)
+    assert (got - forward_audio(m, tail)).abs().max() <= 1e-9
+    assert engine.prefix_cache_stats()["hits"] == 0
+
+
+def test_the_async_engine_restores_a_cached_prefix_as_the_stream_opens():
+    """Through the async engine: opening a stream with a cached voice wakes the worker, which
+    restores the state before any chunk is pushed; the audio is the forward's."""
+    import asyncio
+
+    from code2wav.engine.async_engine import AsyncEngine
+
+    m = model(SMALL, torch.float64)
+    voice, tail = random_codes(16, SMALL, seed=19), random_codes(6, SMALL, seed=20)
+
+    async def go() -> tuple[int, torch.Tensor]:
+        core = StreamEngine(m, max_streams=2, prefix_cache_bytes=64 << 20)
+        async with AsyncEngine(core) as eng:
+            await eng.open("a", voice)
+            await eng.push("a", tail[:2])  # a miss: prefilled, then kept
+            await eng.finish("a")
+            while eng._idle_work_queued or core.pool.has_stale:  # the worker's zeroing after "a" is done
+                await asyncio.sleep(0.005)
+            await eng.open("b", voice)
+            for _ in range(2000):  # the worker's idle work: not on any chunk's path
+                if core.prefix_cache_stats()["hits"] == 1:
+                    break
+                await asyncio.sleep(0.005)
+            hits_before_push = core.prefix_cache_stats()["hits"]
+            return hits_before_push, await eng.push("b", tail)
+
+    with one_thread():
+        hits, audio = asyncio.run(go())
+    assert hits == 1
+    assert (audio - forward_audio(m, torch.cat([voice, tail]))[16 * SPF :]).abs().max() <= 1e-9
+
+
 def test_the_least_recently_used_prefix_leaves_first_under_the_bound():
     m = model(SMALL, torch.float64)
     first, second = random_codes(10, SMALL, seed=11), random_codes(10, SMALL, seed=12)

@@ -92,7 +92,7 @@ class AsyncEngine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._zeroing_queued = False
+        self._idle_work_queued = False
         self._held: dict[str, asyncio.Future] = {}  # the running decode's chunk futures, by stream (worker-owned)
         # On the worker, before each decode and between its steps: graph captures while serving
         # (engine/warmup.py). ``warmup``: started and stopped with the engine.
@@ -139,8 +139,9 @@ class AsyncEngine:
 
     async def open(self, request_id: str, prefix: object = None, pcm16: bool = False) -> None:
         """Open a stream: validates the prefix and takes a slot (host work, at once, even while
-        a step runs). The prefix's prefill runs when the stream's first chunk joins a step,
-        batched with the other streams joining with it. ``pcm16``: its chunks' audio comes as
+        a step runs). A prefix the engine has cached is restored by the worker as soon as it is
+        idle (``restore_opened``); another prefix's prefill runs when the stream's first chunk
+        joins a step, batched with the other streams joining with it. ``pcm16``: its chunks' audio comes as
         int16 samples (``Lifecycle.open``)."""
         if self.failure is not None:
             raise EngineFailed(str(self.failure))
@@ -150,6 +151,8 @@ class AsyncEngine:
             self.stats.record_error(getattr(e, "code", type(e).__name__))
             raise
         self._pending[request_id] = deque()
+        if prefix is not None:  # a cached prefix's state goes in now, not on the first packet
+            self._idle_work_later()
 
     async def push(self, request_id: str, frames: object, encode: Encode | None = None) -> Any:
         """Queue new frames; returns their audio (or ``encode(audio)``) once the step that decodes
@@ -189,7 +192,7 @@ class AsyncEngine:
         finally:
             if self._pending.pop(request_id, None) is not None and self.engine.is_open(request_id):
                 self.engine.finish(request_id)  # no frames left: frees the slot, nothing to decode
-                self._zero_released_later()
+                self._idle_work_later()
         return audio
 
     async def abort(self, request_id: str, error: StreamError | None = None) -> None:
@@ -204,7 +207,7 @@ class AsyncEngine:
         if held is not None:
             self._settle(held, error)  # type: ignore[arg-type]
         self.engine.abort(request_id)
-        self._zero_released_later()
+        self._idle_work_later()
 
     def wake(self) -> None:
         """Wake the worker (from any thread): ``between_steps`` has work."""
@@ -219,11 +222,12 @@ class AsyncEngine:
         """The ids of the streams open on this engine."""
         return list(self._pending)
 
-    def _zero_released_later(self) -> None:
-        """Zero freed slots on the worker, off the next stream's first packet: one request at a
-        time (a continuous decode may run for as long as the load lasts; it zeroes them too)."""
-        if not self._zeroing_queued:
-            self._zeroing_queued = True
+    def _idle_work_later(self) -> None:
+        """Zero freed slots and restore cached prefixes of streams just opened, on the worker,
+        off the next first packets: one request at a time (a continuous decode may run for as
+        long as the load lasts; its admissions do both too)."""
+        if not self._idle_work_queued:
+            self._idle_work_queued = True
             self._wake.set()
 
     def _fail_pending(self, rid: str, err: Exception) -> None:
@@ -319,11 +323,12 @@ class AsyncEngine:
             if self._stopping:
                 return
             self._between()
-            if self._zeroing_queued:
-                self._zeroing_queued = False
+            if self._idle_work_queued:
+                self._idle_work_queued = False
                 try:
                     self.engine.zero_released()
-                except Exception:  # a device failure: the next admission zeroes them (or fails its rows)
+                    self.engine.restore_opened()
+                except Exception:  # a device failure: the next admission does it (or fails its rows)
                     pass
             if self.batch_wait_s > 0:
                 time.sleep(self.batch_wait_s)

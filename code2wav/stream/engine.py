@@ -75,6 +75,7 @@ class StreamEngine(Lifecycle):
                                cache=PrefixCache(prefix_cache_bytes, model.config.codebook_size) if prefix_cache_bytes else None)
         self._events: list[Any] = []  # CUDA timing events, reused once their step has landed
         self._order = SlotOrder()  # each slot's last work, where the runner has a second (priority) stream
+        self._opened: dict[str, Stream] = {}  # opened with a prefix, not looked up yet (restore_opened)
         # float16 (the conv stack's or the low-rate stages') can overflow where bfloat16 and
         # float32 cannot: each row's audio is then checked on the step's device (_outputs).
         self.overflows = torch.float16 in (model.dtype, model.low_rate_dtype)
@@ -102,6 +103,30 @@ class StreamEngine(Lifecycle):
 
     def _keep_prefix(self, st: Stream, prefix: Tensor) -> None:
         st.prefix = prefix  # prefilled with every other waiting stream at its first step
+        if self.prefill.cache is not None:
+            self._opened[st.request_id] = st  # unless restore_opened finds it cached first
+
+    def _release(self, st: Stream, how: str) -> None:
+        with self._lock:
+            super()._release(st, how)
+            if self._opened.get(st.request_id) is st:
+                del self._opened[st.request_id]
+
+    def restore_opened(self) -> None:
+        """Start each stream opened with a cached prefix since the last call from that state
+        now, ahead of its first chunk (on the stepping thread while it is idle: the async
+        engine's worker after an open), so that its first packet costs what a fresh stream's
+        does. A prefix not cached waits for the stream's first chunk, to be prefilled with the
+        streams joining then (and is counted as a miss there)."""
+        if not self._opened:  # read without the lock: set only under it
+            return
+        with self._lock:
+            opened = list(self._opened.values())
+            self._opened.clear()
+            self.zero_released()  # a slot given back is zeroed before its new owner's state goes in
+            with self._on_main([st.slot for st in opened]):
+                for st in opened:
+                    self.prefill.restore(st, count_miss=False)
 
     @property
     def slots_in_use(self) -> int:
@@ -130,6 +155,20 @@ class StreamEngine(Lifecycle):
         """Make ``stream`` wait for the last work on another stream that touched ``slots``."""
         for event in self._order.waits(slots, stream):
             stream.wait_event(event)
+
+    @contextlib.contextmanager
+    def _on_main(self, slots: list[int]):
+        """Device work on ``slots`` on the current stream (prefills, restores): where the runner
+        has a priority stream, after the slots' last work there, and recorded for their next."""
+        if self.runner.priority_stream is None:
+            yield
+            return
+        main = torch.cuda.current_stream(self.device)
+        self._wait_for(slots, main)
+        yield
+        done = torch.cuda.Event()
+        done.record(main)
+        self._order.touched(slots, main, done)
 
     def state_bytes(self) -> dict[str, int]:
         return {"per_stream": self.pool.bytes_per_stream, "pool": self.pool.nbytes}
@@ -205,6 +244,8 @@ class StreamEngine(Lifecycle):
                 try:
                     st = self._get(rid)
                     first = not st.started
+                    if first:
+                        self._opened.pop(rid, None)
                     rows.append(Row(st, self._frames(payload, f"stream {rid!r}"), first=first, gathers=first))
                     st.started = True
                 except (StreamError, CodesError) as e:
@@ -216,14 +257,8 @@ class StreamEngine(Lifecycle):
                 # A stream prefilled now was batched with the others joining now, and their
                 # first chunks run together anyway: its first chunk does not wait. (One whose
                 # state came from the prefix cache had no prefill: it waits as a fresh one does.)
-                if self.runner.priority_stream is not None:  # the prefill and restores run on the current stream
-                    main, slots = torch.cuda.current_stream(self.device), [st.slot for st in waiting]
-                    self._wait_for(slots, main)
-                prefilled = {id(st) for st in self.prefill(waiting)}
-                if self.runner.priority_stream is not None:
-                    done = torch.cuda.Event()
-                    done.record(main)
-                    self._order.touched(slots, main, done)
+                with self._on_main([st.slot for st in waiting]):
+                    prefilled = {id(st) for st in self.prefill(waiting)}
                 for r in rows:
                     if id(r.stream) in prefilled:
                         r.gathers = False

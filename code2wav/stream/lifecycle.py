@@ -60,6 +60,10 @@ class Lifecycle:
     def zero_released(self) -> None:
         """Zero the state of slots given back since the last step (where there is state)."""
 
+    def restore_opened(self) -> None:
+        """Start streams opened since the last call from cached prefix state, ahead of their
+        first chunk (where the engine keeps such a cache)."""
+
     @property
     def slots_in_use(self) -> int:
         return len(self._streams)

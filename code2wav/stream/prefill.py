@@ -64,19 +64,22 @@ class Prefill:
         if self.cache is None:
             self._prefill(streams)
             return streams
-        misses = []
-        for st in streams:
-            state = self.cache.get(st.prefix)
-            if state is None:
-                misses.append((st, st.prefix))
-            else:
-                self.pool.restore(st.slot, state)
-                st.prefix = None
+        misses = [(st, st.prefix) for st in streams if not self.restore(st)]
         prefilled = [st for st, _ in misses]
         self._prefill(prefilled)
         for st, codes in misses:
             self.cache.put(codes, self.pool.snapshot(st.slot))
         return prefilled
+
+    def restore(self, st: Stream, count_miss: bool = True) -> bool:
+        """Start ``st`` from the cached state of its prefix (and clear the prefix), if the cache
+        holds it; returns whether it did. ``count_miss``: see ``PrefixCache.get``."""
+        state = self.cache.get(st.prefix, count_miss) if self.cache is not None else None
+        if state is None:
+            return False
+        self.pool.restore(st.slot, state)
+        st.prefix = None
+        return True
 
     def _prefill(self, streams: list[Stream]) -> None:
         K, step, pin = self.back_context, self.max_step_frames, self.device.type == "cuda"

@@ -49,12 +49,14 @@ class PrefixCache:
         a = codes.numpy()
         return tuple(codes.shape), (a.astype(np.int16) if self._narrow else a).tobytes()
 
-    def get(self, codes: Tensor) -> State | None:
-        """The state of a stream prefilled with exactly ``codes``, or None (counted either way)."""
+    def get(self, codes: Tensor, count_miss: bool = True) -> State | None:
+        """The state of a stream prefilled with exactly ``codes``, or None (counted either way,
+        a miss only with ``count_miss``: a lookup ahead of the stream's first step, which asks
+        again on a miss)."""
         key = self._key(codes)
         e = self._entries.get(key)
         if e is None:
-            self.misses += 1
+            self.misses += count_miss
             return None
         self._entries.move_to_end(key)
         self.hits += 1
