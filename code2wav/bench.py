@@ -79,8 +79,7 @@ async def _workload(core: Lifecycle, concurrency: int, frames: int, schedule: li
     A slow talker makes it wait by itself, so per stream we keep the waiting the decoder adds:
     playback stalls with the real arrivals minus those had every chunk's audio come back the
     moment it was pushed (the first packet's latency is TTFP, not a stall). ``voices > 0``: each
-    prefix is one of that many references (stream k takes voice (first_voice + k) mod voices), as
-    clones repeat."""
+    prefix is one of that many references (stream k: voice (first_voice + k) mod voices)."""
     q, size = core.cfg.num_quantizers, core.cfg.codebook_size
     bank = np.random.default_rng(7).integers(0, size, (voices, prefix, q)) if voices and prefix else None
     opened_streams = itertools.count()
@@ -153,10 +152,8 @@ async def _workload(core: Lifecycle, concurrency: int, frames: int, schedule: li
 
 def _padding_pct(work: "list[tuple[int, int]]") -> float:
     """Padding's share of the replayed work between the window's first and last steps."""
-    if len(work) < 2 or work[-1][0] == work[0][0]:
-        return float("nan")
-    (p0, f0), (p1, f1) = work[0], work[-1]
-    return 100 * (1 - (f1 - f0) / (p1 - p0))
+    (p0, f0), (p1, f1) = (work[0], work[-1]) if work else ((0, 0), (0, 0))
+    return 100 * (1 - (f1 - f0) / (p1 - p0)) if p1 != p0 else float("nan")
 
 
 def _small_steps_pct(steps: "list[float]", widths: "list[int]", frames: int = 8) -> float:
@@ -241,11 +238,8 @@ def run(
                                                schedule=policy))
         graph_mb = core.runner_stats()["pool_bytes"] / 2**20 if mode == "exact-graph" else 0.0  # type: ignore[index]  (taken at capture)
         for prefix_frames in prefixes:  # one engine (one capture) per mode, every prefix
-            # Untimed warm-up per engine and prefix (allocator, cudnn autotune, lazy init), one
-            # stream per voice at least: the timed runs meet a warm prefix cache, as a service
-            # whose clone voices have been heard before does.
-            warm = min(4, max(levels))
-            for v in range(0, max(voices, 1) if prefix_frames else 1, warm):
+            # Untimed warm-up (allocator, cudnn autotune, lazy init; a stream per voice: a warm prefix cache)
+            for v in range(0, max(voices, 1) if prefix_frames else 1, warm := min(4, max(levels))):
                 asyncio.run(_workload(core, warm, min(frames, 30), schedule, prefix_frames, 0.0, seed=99, voices=voices, first_voice=v))
             for c, wait in ((c, w) for c in levels for w in first_chunk_waits):
                 wait_s = policy.first_chunk_wait if wait is None else wait

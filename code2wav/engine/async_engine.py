@@ -139,10 +139,9 @@ class AsyncEngine:
 
     async def open(self, request_id: str, prefix: object = None, pcm16: bool = False) -> None:
         """Open a stream: validates the prefix and takes a slot (host work, at once, even while
-        a step runs). A prefix the engine has cached is restored by the worker as soon as it is
-        idle (``restore_opened``); another prefix's prefill runs when the stream's first chunk
-        joins a step, batched with the other streams joining with it. ``pcm16``: its chunks' audio comes as
-        int16 samples (``Lifecycle.open``)."""
+        a step runs). A cached prefix is restored by the worker once idle (``restore_opened``),
+        another's prefill runs when the stream's first chunk joins a step, batched with those
+        joining then. ``pcm16``: its audio comes as int16 samples (``Lifecycle.open``)."""
         if self.failure is not None:
             raise EngineFailed(str(self.failure))
         try:

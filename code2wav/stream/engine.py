@@ -103,28 +103,26 @@ class StreamEngine(Lifecycle):
 
     def _keep_prefix(self, st: Stream, prefix: Tensor) -> None:
         st.prefix = prefix  # prefilled with every other waiting stream at its first step
-        if self.prefill.cache is not None:
-            self._opened[st.request_id] = st  # unless restore_opened finds it cached first
+        if self.prefill.cache is not None:  # restore_opened may find it cached before that
+            self._opened[st.request_id] = st
 
     def _release(self, st: Stream, how: str) -> None:
         with self._lock:
             super()._release(st, how)
-            if self._opened.get(st.request_id) is st:
-                del self._opened[st.request_id]
+            self._opened.pop(st.request_id, None)  # only open streams are there: this one, if any
 
     def restore_opened(self) -> None:
-        """Start each stream opened with a cached prefix since the last call from that state
-        now, ahead of its first chunk (on the stepping thread while it is idle: the async
-        engine's worker after an open), so that its first packet costs what a fresh stream's
-        does. A prefix not cached waits for the stream's first chunk, to be prefilled with the
-        streams joining then (and is counted as a miss there)."""
+        """Start each stream opened with a cached prefix since the last call from that state now,
+        on the stepping thread while idle (the async engine's worker after an open): its first
+        packet then costs what a fresh stream's does. A prefix not cached waits for the first
+        chunk, to be prefilled with the streams joining then (and counted as a miss there)."""
         if not self._opened:  # read without the lock: set only under it
             return
         with self._lock:
             opened = list(self._opened.values())
             self._opened.clear()
             self.zero_released()  # a slot given back is zeroed before its new owner's state goes in
-            with self._on_main([st.slot for st in opened]):
+            with self._ordered([st.slot for st in opened]):
                 for st in opened:
                     self.prefill.restore(st, count_miss=False)
 
@@ -140,16 +138,8 @@ class StreamEngine(Lifecycle):
         if self.pool.has_stale:  # read without the lock: set only under it
             with self._lock:
                 priority = self.runner.priority_stream
-                if priority is None:
+                with torch.cuda.stream(priority) if priority is not None else _SAME, self._ordered(self.pool.stale, priority):
                     self.pool.reset_stale()
-                    return
-                stale = self.pool.stale
-                with torch.cuda.stream(priority):
-                    self._wait_for(stale, priority)
-                    self.pool.reset_stale()
-                    zeroed = torch.cuda.Event()
-                    zeroed.record(priority)
-                self._order.touched(stale, priority, zeroed)
 
     def _wait_for(self, slots: Any, stream: Any) -> None:
         """Make ``stream`` wait for the last work on another stream that touched ``slots``."""
@@ -157,18 +147,19 @@ class StreamEngine(Lifecycle):
             stream.wait_event(event)
 
     @contextlib.contextmanager
-    def _on_main(self, slots: list[int]):
-        """Device work on ``slots`` on the current stream (prefills, restores): where the runner
-        has a priority stream, after the slots' last work there, and recorded for their next."""
+    def _ordered(self, slots: Any, stream: Any = None):
+        """Device work on ``slots`` queued on ``stream`` (default: the current one) inside the
+        block: where the runner has a priority stream, after the slots' last work on the other
+        stream, and recorded as their last for the next."""
         if self.runner.priority_stream is None:
             yield
             return
-        main = torch.cuda.current_stream(self.device)
-        self._wait_for(slots, main)
+        stream = stream or torch.cuda.current_stream(self.device)
+        self._wait_for(slots, stream)
         yield
         done = torch.cuda.Event()
-        done.record(main)
-        self._order.touched(slots, main, done)
+        done.record(stream)
+        self._order.touched(slots, stream, done)
 
     def state_bytes(self) -> dict[str, int]:
         return {"per_stream": self.pool.bytes_per_stream, "pool": self.pool.nbytes}
@@ -233,9 +224,9 @@ class StreamEngine(Lifecycle):
         return {rid: results[rid] for rid in chunks} if keep else {}
 
     def _admit(self, chunks: Mapping[str, object], refuse: Callable[[str, Exception], None]) -> list[Row]:
-        """Validate chunks into rows (a stream's first row is marked ``first``); zero the slots
-        given back since the last admission; prefill the streams that still wait for their
-        reference prefix (one batch). A rejected row goes to ``refuse`` alone."""
+        """Validate chunks into rows (a stream's first marked ``first``); zero the slots given
+        back since the last admission; prefill the streams still waiting for their reference
+        prefix (one batch). A rejected row goes to ``refuse`` alone."""
         rows: list[Row] = []
         if not chunks:  # the continuous decode asks before every step; usually nothing came
             return rows
@@ -243,9 +234,8 @@ class StreamEngine(Lifecycle):
             for rid, payload in chunks.items():
                 try:
                     st = self._get(rid)
-                    first = not st.started
-                    if first:
-                        self._opened.pop(rid, None)
+                    if first := not st.started:
+                        self._opened.pop(rid, None)  # restore_opened's turn is over
                     rows.append(Row(st, self._frames(payload, f"stream {rid!r}"), first=first, gathers=first))
                     st.started = True
                 except (StreamError, CodesError) as e:
@@ -257,7 +247,7 @@ class StreamEngine(Lifecycle):
                 # A stream prefilled now was batched with the others joining now, and their
                 # first chunks run together anyway: its first chunk does not wait. (One whose
                 # state came from the prefix cache had no prefill: it waits as a fresh one does.)
-                with self._on_main([st.slot for st in waiting]):
+                with self._ordered([st.slot for st in waiting]):
                     prefilled = {id(st) for st in self.prefill(waiting)}
                 for r in rows:
                     if id(r.stream) in prefilled:
