@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Session 36 (repo root on the device): a cached voice at one stream, and the cold start at the
 # default since session 35 (the streamed 192-channel unit: one more NVRTC compile).
-#   bash bench/session36.sh a   a cached voice's first and second push against a fresh stream's, timed
-#                               and profiled (bench/prefix_first_packet.py); serve from a cold start to
-#                               its first audio; the record's prefix form (8 voices, every one warmed
-#                               before the timed window) at 1 / 64 / 256 streams
+#   bash bench/session36.sh a   the record's prefix form (8 voices, every one warmed before the timed
+#                               window) at one stream; a cached voice's first and second push against a
+#                               fresh stream's, timed and profiled (bench/prefix_first_packet.py); the
+#                               prefix form at 64 / 256 streams; serve from a cold start to its first audio
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 cold() {
@@ -20,12 +20,12 @@ prefix_levels() {
 }
 case "${1:-}" in
 a)
-  cold fresh
-  stamp "a cached voice's first packet (bench/prefix_first_packet.py)"
-  timeout 200 python3 bench/prefix_first_packet.py cuda 100 2>&1 | grep -v Warning | tee "$OUT/prefix_first_packet.txt" \
-    | grep -E "push|cache|restore" | tee -a "$log"
   prefix_levels prefix_1 1
+  stamp "a cached voice's first packet (bench/prefix_first_packet.py)"
+  timeout 150 python3 bench/prefix_first_packet.py cuda 60 2>&1 | grep -v Warning | tee "$OUT/prefix_first_packet.txt" \
+    | grep -E "push|cache|restore" | tee -a "$log"
   prefix_levels prefix_64_256 64,256
+  cold fresh
   ;;
 *)
   echo "usage: bash bench/session36.sh a" >&2; exit 2 ;;
