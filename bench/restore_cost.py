@@ -1,8 +1,10 @@
-"""The worker's host time for one prefix-cache hit: ``StatePool.restore`` (the rows in one fused
-foreach copy, the int64 position apart) against the same copy with the position in the list
-(one mixed-dtype list: torch's foreach copy then copies tensor by tensor). argv: [dtype, default
-bfloat16] [calls, default 2000]. Output: us per call, host side (the copies are queued, not
-waited for, except once at the end)."""
+"""One prefix-cache hit's restore (``StatePool.restore``), host and GPU: the one-launch kernel
+(kernels/slot_copy.py, the default on CUDA) against torch's foreach copy of the rows with the
+position apart (``restore_rows``, the default before session 36). argv: [dtype, default bfloat16]
+[calls, default 2000]. Output per form: us per call on the host (queued, not waited for) and on
+the GPU (CUDA events around the calls, nothing else queued), and whether it wrote the snapshot
+bit for bit. Then a stream restored from the cache against one prefilled from the same codes
+(the eager engine on CUDA): the same audio, bit for bit."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import torch
 
 from code2wav.model.config import DecoderConfig
 from code2wav.model.init import random_decoder
+from code2wav.stream.engine import StreamEngine
 from code2wav.stream.pool import StatePool
 
 
@@ -21,22 +24,32 @@ def main() -> int:
     calls = int(sys.argv[2]) if len(sys.argv) > 2 else 2000
     m = random_decoder(DecoderConfig()).to_dtypes(dtype, "cuda")
     pool = StatePool(m, 4)
+    for b in [*pool.buffers.values(), pool.position]:
+        b[1].copy_(torch.randint(-1000, 1000, b[1].shape, device="cuda").to(b.dtype))
     state = pool.snapshot(1)
-
-    def mixed(slot: int) -> None:
-        rows, position = pool._rows[slot]
-        torch._foreach_copy_([*rows, position], [*(state[k] for k in pool.buffers), state["position"]], non_blocking=True)
-
-    for name, fn in (("restore (rows fused, position apart)", lambda s: pool.restore(s, state)), ("one mixed-dtype list", mixed)):
+    for name, fn in (("kernel (one launch)", pool.restore), ("foreach rows + position", pool.restore_rows)):
         for _ in range(50):
-            fn(2)
+            fn(2, state)
         torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         t0 = time.perf_counter()
+        start.record()
         for i in range(calls):
-            fn(2 + i % 2)
+            fn(2 + i % 2, state)
+        end.record()
         host = (time.perf_counter() - t0) / calls * 1e6
         torch.cuda.synchronize()
-        print(f"{name}: {host:.1f} us host per hit ({len(pool.buffers)} buffers)")
+        exact = all(torch.equal(b[1], b[2]) and torch.equal(b[1], b[3]) for b in [*pool.buffers.values(), pool.position])
+        print(f"{name}: {host:.1f} us host, {start.elapsed_time(end) / calls * 1e3:.1f} us GPU per hit "
+              f"({len(pool.buffers)} buffers + the position); written bit for bit: {exact}", flush=True)
+    engine = StreamEngine(m, max_streams=2, prefix_cache_bytes=1 << 30)
+    codes = torch.randint(0, 2048, (60, 16), generator=torch.Generator().manual_seed(0))
+    audio = []
+    for rid in ("prefilled", "restored"):
+        engine.open(rid, codes[:40])
+        audio.append(torch.cat([engine.push(rid, codes[40:41]), engine.push(rid, codes[41:60])]))
+        engine.finish(rid)
+    print(f"a restored stream's audio == a prefilled one's: {torch.equal(*audio)} ({engine.prefix_cache_stats()})", flush=True)
     return 0
 
 

@@ -1031,3 +1031,43 @@ def test_every_pdl_kernel_waits_before_touching_memory():
                 takers.append(node.name)
                 assert first == "wait_previous(PDL)", f"{mod.__name__}.{node.name} starts with {first!r}"
     assert len(takers) == 13, takers
+
+
+def test_the_slot_write_kernel_restores_every_segment_bit_for_bit(monkeypatch):
+    """``StatePool.restore`` as one launch (kernels/slot_copy.py): a snapshot of one slot written
+    into another gives that slot every buffer's row and the position bit for bit (float32 rows
+    and the int64 position moved as 16-bit units), and leaves the other slots as they were (the
+    scratch row, which holds nothing, took the kernel's first, compiling, run)."""
+    from code2wav.kernels import slot_copy
+    from code2wav.stream.pool import StatePool
+
+    monkeypatch.setattr(slot_copy, "applies", lambda device: True)
+    monkeypatch.setattr(slot_copy, "BLOCK", 1 << 15)
+    pool = StatePool(model(SMALL, torch.float32), 3)
+    g = torch.Generator().manual_seed(0)
+    for b in pool.buffers.values():
+        b.copy_(torch.randn(b.shape, generator=g))
+    pool.position.copy_(torch.tensor([7, 2**40 + 3, 11, 0]))
+    before = {k: b.clone() for k, b in pool.buffers.items()}
+    snap = pool.snapshot(1)
+    pool.restore(2, snap)
+    for k, b in pool.buffers.items():
+        assert torch.equal(b[2], before[k][1]) and torch.equal(b[:2], before[k][:2]), k
+    assert pool.position.tolist()[:3] == [7, 2**40 + 3, 2**40 + 3]
+
+
+def test_a_stream_restored_by_the_slot_write_kernel_equals_the_forward(monkeypatch):
+    """A cache hit through the one-launch restore, then decoding: the whole-utterance forward's
+    audio (float32 through the Triton kernels on CPU)."""
+    from code2wav.kernels import slot_copy
+    from tests.models import forward_audio, stream_alone
+
+    monkeypatch.setattr(slot_copy, "applies", lambda device: True)
+    monkeypatch.setattr(slot_copy, "BLOCK", 1 << 15)
+    m = model(SMALL, torch.float32)
+    voice, tail = random_codes(14, SMALL, seed=21), random_codes(8, SMALL, seed=22)
+    engine = StreamEngine(m, max_streams=2, prefix_cache_bytes=64 << 20)
+    stream_alone(engine, "miss", torch.cat([voice, tail]), 14, 2, [2])
+    got = stream_alone(engine, "hit", torch.cat([voice, tail]), 14, 8, [1, 7])
+    assert engine.prefix_cache_stats()["hits"] == 1
+    assert close(got, forward_audio(m, torch.cat([voice, tail]))[14 * 1920 :], 1e-4)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
+from code2wav.kernels import slot_copy
 from code2wav.model.decoder import Decoder
 from code2wav.model.streaming import Step
 
@@ -48,6 +51,19 @@ def packed_base(codes: Tensor, slots: Tensor, n_new: Tensor) -> Tensor | None:
     return base if laid_out else None
 
 
+@dataclass
+class Snapshot:
+    """A copy of one slot's state (``StatePool.snapshot``): ``rows`` are its row of every
+    buffer and its position (key ``"position"``), views of one ``flat`` buffer."""
+
+    flat: Tensor
+    rows: dict[str, Tensor]
+
+    @property
+    def nbytes(self) -> int:
+        return self.flat.numel() * self.flat.element_size()
+
+
 class PoolFull(RuntimeError):
     """Every slot is taken; the caller must retry later (never an eviction, never an OOM)."""
 
@@ -82,6 +98,9 @@ class StatePool:
         # Per slot, its row of every buffer, per dtype (a foreach over mixed dtypes falls back
         # to one launch per tensor); built once, so zeroing a slot builds no views.
         self._rows = [([b[s : s + 1] for b in self.buffers.values()], self.position[s : s + 1]) for s in range(rows)]
+        # A snapshot's segments: every buffer's row, then the position (kernels/slot_copy.py).
+        self.layout = slot_copy.SlotLayout([[*r, p] for r, p in self._rows])
+        self._write_warm = False  # the write kernel has run once (compiled) on this pool
 
     @property
     def bytes_per_stream(self) -> int:
@@ -130,19 +149,33 @@ class StatePool:
             torch._foreach_zero_([row for s in slots for row in self._rows[s][0]])
             torch._foreach_zero_([self._rows[s][1] for s in slots])
 
-    def snapshot(self, slot: int) -> dict[str, Tensor]:
+    def snapshot(self, slot: int) -> Snapshot:
         """A copy of ``slot``'s state: its row of every buffer and its position."""
+        flat = self.layout.flat(self.device)
+        views = self.layout.views(flat)
         rows, position = self._rows[slot]
-        return {**{key: row.clone() for key, row in zip(self.buffers, rows)}, "position": position.clone()}
+        torch._foreach_copy_(views[:-1], rows, non_blocking=True)  # one dtype per foreach list (restore_rows)
+        views[-1].copy_(position, non_blocking=True)
+        if slot_copy.applies(self.device) and not self._write_warm:  # compiled here, not on a first packet
+            self.layout.write(self.scratch_slot, torch.zeros_like(flat))  # the scratch row holds nothing
+            self._write_warm = True
+        return Snapshot(flat, dict(zip([*self.buffers, "position"], views)))
 
-    def restore(self, slot: int, state: dict[str, Tensor]) -> None:
-        """Write a ``snapshot`` into ``slot`` (in stream order on the pool's device). One foreach
-        copy of the rows, not one per buffer, so a cache hit costs the worker a few launches, not
-        dozens; the position (int64) is copied apart, because torch's fused foreach copy wants one
-        dtype across each list: a second dtype sends every tensor down a copy of its own."""
+    def restore(self, slot: int, state: Snapshot) -> None:
+        """Write a ``snapshot`` into ``slot`` (in stream order on the pool's device): on CUDA one
+        launch (kernels/slot_copy.py), else ``restore_rows``."""
+        if slot_copy.applies(self.device):
+            self.layout.write(slot, state.flat)
+        else:
+            self.restore_rows(slot, state)
+
+    def restore_rows(self, slot: int, state: Snapshot) -> None:
+        """``restore`` by torch's foreach copy: one launch for the rows, not one per buffer; the
+        position (int64) apart, because the fused foreach copy wants one dtype across each list
+        (a second dtype sends every tensor down a copy of its own)."""
         rows, position = self._rows[slot]
-        torch._foreach_copy_(list(rows), [state[key] for key in self.buffers], non_blocking=True)
-        position.copy_(state["position"], non_blocking=True)
+        torch._foreach_copy_(list(rows), [state.rows[key] for key in self.buffers], non_blocking=True)
+        position.copy_(state.rows["position"], non_blocking=True)
 
     def _inputs(self, x: Tensor, slots: Tensor, n_new: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         # A no-op for device tensors (so a pass stays pure device work with static shapes: what

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from torch import Tensor
 
-State = dict[str, Tensor]  # a slot's row of every pool buffer, and its position
-
+from code2wav.stream.pool import Snapshot as State  # a slot's row of every pool buffer, and its position
 
 Key = tuple[tuple[int, ...], bytes]
 
@@ -66,7 +65,7 @@ class PrefixCache:
         """Keep ``state`` for ``codes``; entries leave, least recently used first, to stay under
         ``max_bytes`` (a state larger than that is not kept)."""
         key = self._key(codes)
-        nbytes = len(key[1]) + sum(t.numel() * t.element_size() for t in state.values())
+        nbytes = len(key[1]) + state.nbytes
         if nbytes > self.max_bytes:
             return
         old = self._entries.pop(key, None)

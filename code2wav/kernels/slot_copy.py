@@ -1,0 +1,83 @@
+"""A slot's whole state written from a snapshot in one launch (CUDA, Triton).
+
+A stream restored from the prefix cache (``StatePool.restore``) gets its slot's row of every
+pool buffer and its position from a snapshot, on its first packet's path. ``torch._foreach_copy_``
+does the rows in one launch, but each of its blocks takes a 64 Ki-element chunk of one tensor, so a
+slot's rows (about a megaelement) run on a few dozen blocks and take several times what their
+bytes need; the position, another dtype, is a second launch (BENCHMARKS.md, session 36). Here
+every (segment, ``BLOCK`` units of it) is a program; the destinations come from a table of row
+addresses built once per pool (its buffers never move); and every segment moves as 16-bit units
+whatever its dtype, so the position travels in the same launch, bit for bit. The snapshot is one
+flat buffer of those units (``SlotLayout.views`` gives its typed views).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from code2wav.kernels import instant
+from code2wav.kernels.snake import triton
+
+BLOCK = 2048  # 16-bit units a program copies (tests raise it: the interpreter pays per program)
+ALIGN = 8  # segments start on 16-byte boundaries of the snapshot, so its typed views are aligned
+
+if triton is not None:
+    import triton.language as tl
+
+    @triton.jit(do_not_specialize=["slot"])  # one compiled kernel for every slot (no slot == 1 variant)
+    def _write_kernel(table_ptr, src_ptr, offsets_ptr, sizes_ptr, slot, NSEG, BLOCK: tl.constexpr):
+        seg = tl.program_id(0)
+        start = tl.program_id(1) * BLOCK
+        n = tl.load(sizes_ptr + seg)
+        if start < n:
+            dst = tl.load(table_ptr + slot * NSEG + seg).to(tl.pointer_type(tl.int16))
+            i = start + tl.arange(0, BLOCK)
+            m = i < n
+            tl.store(dst + i, tl.load(src_ptr + tl.load(offsets_ptr + seg) + i, mask=m), mask=m)
+
+
+def applies(device: torch.device) -> bool:
+    """Whether ``SlotLayout.write`` runs as the kernel here (CUDA with Triton; tests swap it)."""
+    return triton is not None and device.type == "cuda" and not instant.active()
+
+
+class SlotLayout:
+    """Where each of a slot's segments (its row of every buffer, then anything else of the slot
+    in ``rows``' order) sits in a flat snapshot, and every slot's row addresses.
+
+    ``rows[s]``: slot ``s``'s row tensors, contiguous, the same shapes and dtypes for every slot."""
+
+    def __init__(self, rows: list[list[Tensor]]):
+        first = rows[0]
+        units = [t.numel() * t.element_size() // 2 for t in first]
+        if any(t.numel() * t.element_size() % 2 or not t.is_contiguous() for t in first):
+            raise ValueError("every segment must be contiguous and a whole number of 16-bit units")
+        self.shapes = [(t.shape, t.dtype) for t in first]
+        self.offsets, at = [], 0
+        for n in units:
+            self.offsets.append(at)
+            at += -(-n // ALIGN) * ALIGN
+        self.total = at
+        self.most = max(units)
+        device = first[0].device
+        self.nseg = len(first)
+        self._offsets = torch.tensor(self.offsets, dtype=torch.long, device=device)
+        self._sizes = torch.tensor(units, dtype=torch.int32, device=device)
+        self._table = torch.tensor([[t.data_ptr() for t in r] for r in rows], dtype=torch.long, device=device)
+
+    def flat(self, device: torch.device) -> Tensor:
+        return torch.zeros(self.total, dtype=torch.int16, device=device)  # the alignment gaps too
+
+    def views(self, flat: Tensor) -> list[Tensor]:
+        """Each segment of a flat snapshot, as its row's shape and dtype."""
+        out = []
+        for off, (shape, dtype) in zip(self.offsets, self.shapes):
+            n = shape.numel() * dtype.itemsize // 2
+            out.append(flat[off : off + n].view(dtype).view(shape))
+        return out
+
+    def write(self, slot: int, flat: Tensor) -> None:
+        """Slot ``slot``'s every segment from ``flat``, in one launch (in stream order)."""
+        grid = (self.nseg, triton.cdiv(self.most, BLOCK))
+        _write_kernel[grid](self._table, flat, self._offsets, self._sizes, slot, self.nseg, BLOCK=BLOCK)
