@@ -185,8 +185,13 @@ def test_keys_narrow_the_codes_only_where_every_code_fits():
 
 
 def test_without_a_bound_there_is_no_cache():
-    engine = StreamEngine(model(SMALL, torch.float64), max_streams=1)
-    assert engine.prefix_cache_stats() is None and engine.prefill.cache is None
+    """No cache: nothing is kept, and the pool builds no snapshot layout (its row-address table)."""
+    m = model(SMALL, torch.float64)
+    engine = StreamEngine(m, max_streams=1)
+    codes = random_codes(12, SMALL, seed=23)
+    with one_thread():
+        stream_alone(engine, "a", codes, 10, 2, [2])
+    assert engine.prefix_cache_stats() is None and engine.prefill.cache is None and engine.pool._layout is None
 
 
 def test_metrics_show_the_prefix_cache():

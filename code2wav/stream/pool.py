@@ -98,9 +98,7 @@ class StatePool:
         # Per slot, its row of every buffer, per dtype (a foreach over mixed dtypes falls back
         # to one launch per tensor); built once, so zeroing a slot builds no views.
         self._rows = [([b[s : s + 1] for b in self.buffers.values()], self.position[s : s + 1]) for s in range(rows)]
-        # A snapshot's segments: every buffer's row, then the position (kernels/slot_copy.py).
-        self.layout = slot_copy.SlotLayout([[*r, p] for r, p in self._rows])
-        self._write_warm = False  # the write kernel has run once (compiled) on this pool
+        self._layout: slot_copy.SlotLayout | None = None  # built at the first snapshot (prefix cache only)
 
     @property
     def bytes_per_stream(self) -> int:
@@ -149,6 +147,18 @@ class StatePool:
             torch._foreach_zero_([row for s in slots for row in self._rows[s][0]])
             torch._foreach_zero_([self._rows[s][1] for s in slots])
 
+    @property
+    def layout(self) -> slot_copy.SlotLayout:
+        """A snapshot's segments (every buffer's row, then the position) and every slot's row
+        addresses (kernels/slot_copy.py). Built on first use; on CUDA the write kernel runs
+        once then, on the scratch row (which holds nothing), so that it is compiled there and
+        not on a cached stream's first packet."""
+        if self._layout is None:
+            self._layout = slot_copy.SlotLayout([[*r, p] for r, p in self._rows])
+            if slot_copy.applies(self.device):
+                self._layout.write(self.scratch_slot, self._layout.flat(self.device))
+        return self._layout
+
     def snapshot(self, slot: int) -> Snapshot:
         """A copy of ``slot``'s state: its row of every buffer and its position."""
         flat = self.layout.flat(self.device)
@@ -156,9 +166,6 @@ class StatePool:
         rows, position = self._rows[slot]
         torch._foreach_copy_(views[:-1], rows, non_blocking=True)  # one dtype per foreach list (restore_rows)
         views[-1].copy_(position, non_blocking=True)
-        if slot_copy.applies(self.device) and not self._write_warm:  # compiled here, not on a first packet
-            self.layout.write(self.scratch_slot, torch.zeros_like(flat))  # the scratch row holds nothing
-            self._write_warm = True
         return Snapshot(flat, dict(zip([*self.buffers, "position"], views)))
 
     def restore(self, slot: int, state: Snapshot) -> None:
