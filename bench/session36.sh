@@ -4,7 +4,7 @@
 #                               warmed before the timed window) at one stream; a cached voice's first and
 #                               second push against a fresh stream's, timed and profiled
 #                               (bench/prefix_first_packet.py); the prefix form at 64 / 256 streams
-#   bash bench/session36.sh b   the restore as one launch (kernels/slot_copy.py): its cost and exactness
+#   bash bench/session36.sh b   (call 2, H100, at 0923e60) the restore as one launch (kernels/slot_copy.py): its cost and exactness
 #                               against the foreach copy (bench/restore_cost.py), then as call 1
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
