@@ -50,32 +50,26 @@ class SlotLayout:
 
     def __init__(self, rows: list[list[Tensor]]):
         first = rows[0]
-        units = [t.numel() * t.element_size() // 2 for t in first]
         if any(t.numel() * t.element_size() % 2 or not t.is_contiguous() for t in first):
             raise ValueError("every segment must be contiguous and a whole number of 16-bit units")
+        self.units = [t.numel() * t.element_size() // 2 for t in first]
         self.shapes = [(t.shape, t.dtype) for t in first]
         self.offsets, at = [], 0
-        for n in units:
+        for n in self.units:
             self.offsets.append(at)
             at += -(-n // ALIGN) * ALIGN
-        self.total = at
-        self.most = max(units)
-        device = first[0].device
-        self.nseg = len(first)
-        self._offsets = torch.tensor(self.offsets, dtype=torch.long, device=device)
-        self._sizes = torch.tensor(units, dtype=torch.int32, device=device)
-        self._table = torch.tensor([[t.data_ptr() for t in r] for r in rows], dtype=torch.long, device=device)
+        self.total, self.most, self.nseg = at, max(self.units), len(first)
+        self.device = first[0].device
+        self._offsets = torch.tensor(self.offsets, dtype=torch.long, device=self.device)
+        self._sizes = torch.tensor(self.units, dtype=torch.int32, device=self.device)
+        self._table = torch.tensor([[t.data_ptr() for t in r] for r in rows], dtype=torch.long, device=self.device)
 
-    def flat(self, device: torch.device) -> Tensor:
-        return torch.zeros(self.total, dtype=torch.int16, device=device)  # the alignment gaps too
+    def flat(self) -> Tensor:
+        return torch.zeros(self.total, dtype=torch.int16, device=self.device)  # the alignment gaps too
 
     def views(self, flat: Tensor) -> list[Tensor]:
         """Each segment of a flat snapshot, as its row's shape and dtype."""
-        out = []
-        for off, (shape, dtype) in zip(self.offsets, self.shapes):
-            n = shape.numel() * dtype.itemsize // 2
-            out.append(flat[off : off + n].view(dtype).view(shape))
-        return out
+        return [flat[off : off + n].view(dtype).view(shape) for off, n, (shape, dtype) in zip(self.offsets, self.units, self.shapes)]
 
     def write(self, slot: int, flat: Tensor) -> None:
         """Slot ``slot``'s every segment from ``flat``, in one launch (in stream order)."""

@@ -156,12 +156,12 @@ class StatePool:
         if self._layout is None:
             self._layout = slot_copy.SlotLayout([[*r, p] for r, p in self._rows])
             if slot_copy.applies(self.device):
-                self._layout.write(self.scratch_slot, self._layout.flat(self.device))
+                self._layout.write(self.scratch_slot, self._layout.flat())
         return self._layout
 
     def snapshot(self, slot: int) -> Snapshot:
         """A copy of ``slot``'s state: its row of every buffer and its position."""
-        flat = self.layout.flat(self.device)
+        flat = self.layout.flat()
         views = self.layout.views(flat)
         rows, position = self._rows[slot]
         torch._foreach_copy_(views[:-1], rows, non_blocking=True)  # one dtype per foreach list (restore_rows)
