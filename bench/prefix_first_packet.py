@@ -3,18 +3,25 @@ one engine (graphs on CUDA, the prefix cache on), streams opened one at a time, 
 fresh stream and one whose 200-frame prefix is cached; for each, the first one-frame push
 (admission, the cache lookup and restore, the step, the audio back) and the second 25-frame one
 timed on the host; the lookup and the restore alone; then the same streams under torch.profiler (the host's ops and the GPU's kernels, per kind). argv: [device,
-default cuda] [pairs, default 100]. Session 35 measured a cached voice's first packet 0.28 ms
-later than a fresh stream's on an H100 through code2wav.bench (BENCHMARKS.md).
+default cuda] [pairs, default 100] [trace path, optional]. A third kind, "ahead", restores the
+cached state before the first push (``restore_opened`` right after ``open``, as the async engine's
+worker does while idle, and waited for): a talker that opens its stream before its first frames
+exist. The profiled first pushes are laid out in time (the trace): from the push's start, when
+the step's graph launch is called, when the GPU starts and ends its work, when the push returns,
+and which CUDA runtime calls ran in between. Session 35 measured a cached voice's first packet
+0.28 ms later than a fresh stream's on an H100 through code2wav.bench (BENCHMARKS.md).
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
+from collections import Counter
 
 import numpy as np
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, record_function
 
 from code2wav.engine.build import EngineConfig, build_engine
 
@@ -31,14 +38,20 @@ def main() -> int:
     voice, first, second = rng.integers(0, 2048, (PREFIX, 16)), rng.integers(0, 2048, (1, 16)), rng.integers(0, 2048, (25, 16))
     n = 0
 
-    def stream(prefix: np.ndarray | None) -> tuple[float, float]:
+    kinds = {"fresh": None, "cached": voice, "ahead": voice}
+
+    def stream(kind: str) -> tuple[float, float]:
         """The first (1-frame) and second (25-frame) push of a new stream, ms each."""
         nonlocal n
         n += 1
         rid = f"s{n}"
-        engine.open(rid, prefix)
+        engine.open(rid, kinds[kind])
+        if kind == "ahead":
+            engine.restore_opened()
+            torch.cuda.synchronize() if device.startswith("cuda") else None
         t0 = time.perf_counter()
-        engine.push(rid, first)  # the audio comes back to the host: the step is done
+        with record_function(f"first push {kind}"):
+            engine.push(rid, first)  # the audio comes back to the host: the step is done
         t1 = time.perf_counter()
         engine.push(rid, second)
         t2 = time.perf_counter()
@@ -46,19 +59,22 @@ def main() -> int:
         return (t1 - t0) * 1e3, (t2 - t1) * 1e3
 
     for _ in range(5):  # the voice enters the cache; every shape has run once
-        stream(voice), stream(None)
-    times: dict[str, list[tuple[float, float]]] = {"fresh": [], "cached": []}
+        for kind in kinds:
+            stream(kind)
+    times: dict[str, list[tuple[float, float]]] = {k: [] for k in kinds}
     for _ in range(pairs):
-        times["fresh"].append(stream(None))
-        times["cached"].append(stream(voice))
+        for kind in kinds:
+            times[kind].append(stream(kind))
+    name = torch.cuda.get_device_name() if device.startswith("cuda") else device
     for i, what in enumerate(("first push", "second push")):
-        f, c = (np.asarray([t[i] for t in times[k]]) for k in ("fresh", "cached"))
-        print(
-            f"{torch.cuda.get_device_name() if device.startswith('cuda') else device}: {what} p50 fresh "
-            f"{np.median(f):.3f} ms, cached {np.median(c):.3f} ms (+{np.median(c) - np.median(f):.3f}); p90 "
-            f"{np.percentile(f, 90):.3f} / {np.percentile(c, 90):.3f} ms",
-            flush=True,
-        )
+        f = np.asarray([t[i] for t in times["fresh"]])
+        for kind in ("cached", "ahead"):
+            c = np.asarray([t[i] for t in times[kind]])
+            print(
+                f"{name}: {what} p50 fresh {np.median(f):.3f} ms, {kind} {np.median(c):.3f} ms "
+                f"({np.median(c) - np.median(f):+.3f}); p90 {np.percentile(f, 90):.3f} / {np.percentile(c, 90):.3f} ms",
+                flush=True,
+            )
     print(f"cache {engine.prefix_cache_stats()}", flush=True)
     cache, pool = engine.prefill.cache, engine.pool
     codes = torch.as_tensor(voice)
@@ -73,14 +89,55 @@ def main() -> int:
         sync()
         print(f"{what}: {host:.1f} us host a call, {(time.perf_counter() - t0) / 200 * 1e6:.1f} us with the device's work", flush=True)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
-    for name, prefix in (("fresh", None), ("cached", voice)):
+    # The timeline (its GPU columns on CUDA only).
+    with profile(activities=activities) as prof:
+        for _ in range(20 if device.startswith("cuda") else 2):
+            for kind in kinds:
+                stream(kind)
+    path = sys.argv[3] if len(sys.argv) > 3 else "/tmp/prefix_first_packet.trace.json"
+    prof.export_chrome_trace(path)
+    timeline(path)
+    for kind in ("fresh", "cached"):
         with profile(activities=activities) as prof:
             for _ in range(10):
-                stream(prefix)
+                stream(kind)
         for sort in ("self_cpu_time_total", "cuda_time_total") if device.startswith("cuda") else ("self_cpu_time_total",):
-            print(f"--- {name}: 10 streams (a first and a second push), by {sort}")
+            print(f"--- {kind}: 10 streams (a first and a second push), by {sort}")
             print(prof.key_averages().table(sort_by=sort, row_limit=30), flush=True)
     return 0
+
+
+def timeline(path: str) -> None:
+    """Each profiled first push laid out in time, medians per kind (us from the push's start)."""
+    events = json.load(open(path))["traceEvents"]
+    spans = [e for e in events if e.get("cat") == "user_annotation" and e.get("name", "").startswith("first push ")]
+    runtime = [e for e in events if e.get("ph") == "X" and e.get("cat") == "cuda_runtime"]
+    gpu = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            gpu.setdefault(e["args"].get("correlation"), []).append(e)
+    rows: dict[str, list[dict[str, float]]] = {}
+    calls: dict[str, Counter] = {}
+    for s in spans:
+        kind, t0, t1 = s["name"][len("first push ") :], s["ts"], s["ts"] + s["dur"]
+        inside = [r for r in runtime if t0 <= r["ts"] <= t1]
+        work = [g for r in inside for g in gpu.get(r["args"].get("correlation"), [])]
+        launch = [r["ts"] for r in inside if "GraphLaunch" in r["name"]]
+        row = {"push": s["dur"], "graph launch called": (min(launch) - t0) if launch else float("nan")}
+        if work:
+            row["GPU starts"] = min(g["ts"] for g in work) - t0
+            row["GPU ends"] = max(g["ts"] + g["dur"] for g in work) - t0
+            row["GPU busy"] = sum(g["dur"] for g in work)
+        rows.setdefault(kind, []).append(row)
+        calls.setdefault(kind, Counter()).update(r["name"] for r in inside)
+    for kind, rs in rows.items():
+        keys = rs[0].keys()
+        print(
+            f"timeline {kind} ({len(rs)} first pushes, p50 us from the push's start): "
+            + ", ".join(f"{k} {np.median([r.get(k, np.nan) for r in rs]):.1f}" for k in keys),
+            flush=True,
+        )
+        print(f"  runtime calls per push: {', '.join(f'{k} {v / len(rs):g}' for k, v in calls[kind].most_common())}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """One prefix-cache hit's restore (``StatePool.restore``), host and GPU: the one-launch kernel
-(kernels/slot_copy.py, the default on CUDA) against torch's foreach copy of the rows with the
+(kernels/slot_copy.py, the default on CUDA; launched by its compiled launcher directly, and
+through Triton's) against torch's foreach copy of the rows with the
 position apart (``restore_rows``, the default before session 36). argv: [dtype, default bfloat16]
 [calls, default 2000]. Output per form: us per call on the host (queued, not waited for) and on
 the GPU (CUDA events around the calls, nothing else queued), and whether it wrote the snapshot
@@ -13,6 +14,7 @@ import time
 
 import torch
 
+from code2wav.kernels import slot_copy
 from code2wav.model.config import DecoderConfig
 from code2wav.model.init import random_decoder
 from code2wav.stream.engine import StreamEngine
@@ -27,7 +29,19 @@ def main() -> int:
     for b in [*pool.buffers.values(), pool.position]:
         b[1].copy_(torch.randint(-1000, 1000, b[1].shape, device="cuda").to(b.dtype))
     state = pool.snapshot(1)
-    for name, fn in (("kernel (one launch)", pool.restore), ("foreach rows + position", pool.restore_rows)):
+    L = pool.layout
+    grid = (L.nseg, -(-L.most // slot_copy.BLOCK))
+
+    def through_triton(slot: int, snap) -> None:  # the same kernel, launched by Triton's launcher
+        slot_copy._write_kernel[grid](L._table, snap.flat, L._offsets, L._sizes, slot, L.nseg, BLOCK=slot_copy.BLOCK)
+
+    forms = (
+        ("kernel, its launcher called directly (default)", pool.restore),
+        ("kernel, through Triton's launcher", through_triton),
+        ("foreach rows + position", pool.restore_rows),
+    )
+    print(f"direct launch in use: {L._direct is not None}", flush=True)
+    for name, fn in forms:
         for _ in range(50):
             fn(2, state)
         torch.cuda.synchronize()
@@ -40,8 +54,11 @@ def main() -> int:
         host = (time.perf_counter() - t0) / calls * 1e6
         torch.cuda.synchronize()
         exact = all(torch.equal(b[1], b[2]) and torch.equal(b[1], b[3]) for b in [*pool.buffers.values(), pool.position])
-        print(f"{name}: {host:.1f} us host, {start.elapsed_time(end) / calls * 1e3:.1f} us GPU per hit "
-              f"({len(pool.buffers)} buffers + the position); written bit for bit: {exact}", flush=True)
+        print(
+            f"{name}: {host:.1f} us host, {start.elapsed_time(end) / calls * 1e3:.1f} us GPU per hit "
+            f"({len(pool.buffers)} buffers + the position); written bit for bit: {exact}",
+            flush=True,
+        )
     engine = StreamEngine(m, max_streams=2, prefix_cache_bytes=1 << 30)
     codes = torch.randint(0, 2048, (60, 16), generator=torch.Generator().manual_seed(0))
     audio = []

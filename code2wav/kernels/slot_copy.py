@@ -9,6 +9,12 @@ every (segment, ``BLOCK`` units of it) is a program; the destinations come from 
 addresses built once per pool (its buffers never move); and every segment moves as 16-bit units
 whatever its dtype, so the position travels in the same launch, bit for bit. The snapshot is one
 flat buffer of those units (``SlotLayout.views`` gives its typed views).
+
+Triton's launcher (``kernel[grid](...)``: binding, specialising and looking up the compiled kernel
+in Python) is most of a restore's host time, and a restore sits on a cached voice's first packet.
+After the first launch, ``write`` calls the compiled kernel's own launcher directly (``_Direct``):
+every argument but ``slot`` and the snapshot is fixed per layout, and the one specialisation left
+to check, the snapshot's 16-byte alignment, is checked per call.
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ class SlotLayout:
         self._offsets = torch.tensor(self.offsets, dtype=torch.long, device=self.device)
         self._sizes = torch.tensor(self.units, dtype=torch.int32, device=self.device)
         self._table = torch.tensor([[t.data_ptr() for t in r] for r in rows], dtype=torch.long, device=self.device)
+        self._direct: _Direct | None = None  # set by the first write that Triton compiled or found
 
     def flat(self) -> Tensor:
         return torch.zeros(self.total, dtype=torch.int16, device=self.device)  # the alignment gaps too
@@ -73,5 +80,40 @@ class SlotLayout:
 
     def write(self, slot: int, flat: Tensor) -> None:
         """Slot ``slot``'s every segment from ``flat``, in one launch (in stream order)."""
+        if self._direct is not None and self._direct(slot, flat):
+            return
         grid = (self.nseg, triton.cdiv(self.most, BLOCK))
-        _write_kernel[grid](self._table, flat, self._offsets, self._sizes, slot, self.nseg, BLOCK=BLOCK)
+        kernel = _write_kernel[grid](self._table, flat, self._offsets, self._sizes, slot, self.nseg, BLOCK=BLOCK)
+        if self._direct is None and flat.data_ptr() % 16 == 0:
+            self._direct = _Direct.of(kernel, grid, self)
+
+
+class _Direct:
+    """The compiled write kernel launched by its own launcher (``CompiledKernel.run``), as
+    ``JITFunction.run`` does once it has found it, without the binding and lookup before it. Only
+    where this Triton's launcher has the signature read here and no launch hooks are set (a
+    profiler's); ``__call__`` returns False (and launches nothing) where it does not apply."""
+
+    def __init__(self, kernel, grid: tuple[int, int], layout: SlotLayout, knobs):
+        self.launch, self.function, self.meta = kernel.run, kernel.function, kernel.packed_metadata
+        self.grid, self.layout, self.knobs = grid, layout, knobs
+        self.device = layout.device.index if layout.device.index is not None else torch.cuda.current_device()
+
+    @staticmethod
+    def of(kernel, grid: tuple[int, int], layout: SlotLayout) -> "_Direct | None":
+        try:
+            from triton import knobs  # Triton >= 3.4: where the launch hooks live
+        except ImportError:
+            return None
+        if not all(hasattr(kernel, a) for a in ("run", "function", "packed_metadata")) or kernel.function is None:
+            return None
+        return _Direct(kernel, grid, layout, knobs)
+
+    def __call__(self, slot: int, flat: Tensor) -> bool:
+        hooks = self.knobs.runtime
+        if flat.data_ptr() % 16 or hooks.launch_enter_hook is not None or hooks.launch_exit_hook is not None:
+            return False  # compiled for an aligned snapshot; a hook wants Triton's launch metadata
+        L = self.layout
+        stream = torch._C._cuda_getCurrentRawStream(self.device)
+        self.launch(*self.grid, 1, stream, self.function, self.meta, None, None, None, L._table, flat, L._offsets, L._sizes, slot, L.nseg, BLOCK)
+        return True
