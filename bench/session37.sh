@@ -4,7 +4,7 @@
 #                               directly, through Triton's, the foreach copy: bench/restore_cost.py); a
 #                               cached voice's first push beside a fresh stream's and one restored ahead,
 #                               timed and laid out in time (bench/prefix_first_packet.py, its trace kept);
-#                               the record's prefix form at one stream, then 64 / 256; the cold start to
+#                               the record's prefix form at one stream, twice; the cold start to
 #                               first audio at the default
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
@@ -27,7 +27,6 @@ a)
   stamp "cold start to first audio (bench/cold_start.py serve)"
   COLD_START_UNTIL="first audio" timeout 120 python3 bench/cold_start.py serve --device cuda --dtype bfloat16 2>&1 \
     | tee "$OUT/cold_start.txt" | tail -5 | tee -a "$log"
-  prefix_levels prefix_64_256 64,256
   keep_triton_cache
   ;;
 *)
