@@ -4,8 +4,7 @@
 #                               directly, through Triton's, the foreach copy: bench/restore_cost.py); a
 #                               cached voice's first push beside a fresh stream's and one restored ahead,
 #                               timed and laid out in time (bench/prefix_first_packet.py, its trace kept);
-#                               the record's prefix form at one stream; the cold start to
-#                               first audio at the default
+#                               the record's prefix form at one stream
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 prefix_levels() {
@@ -19,13 +18,10 @@ a)
   stamp "the restore's cost (bench/restore_cost.py)"
   timeout 100 python3 bench/restore_cost.py bfloat16 2000 2>&1 | grep -v Warning | tee "$OUT/restore_cost.txt" | tee -a "$log"
   stamp "a cached voice's first packet (bench/prefix_first_packet.py)"
-  timeout 150 python3 bench/prefix_first_packet.py cuda 40 "$OUT/prefix_first_packet.trace.json" 2>&1 | grep -v Warning \
+  timeout 150 python3 bench/prefix_first_packet.py cuda 25 "$OUT/prefix_first_packet.trace.json" 2>&1 | grep -v Warning \
     | tee "$OUT/prefix_first_packet.txt" | grep -E "push|cache|restore|timeline|runtime calls" | tee -a "$log"
   gzip -f "$OUT/prefix_first_packet.trace.json"
   prefix_levels prefix_1 1
-  stamp "cold start to first audio (bench/cold_start.py serve)"
-  COLD_START_UNTIL="first audio" timeout 120 python3 bench/cold_start.py serve --device cuda --dtype bfloat16 2>&1 \
-    | tee "$OUT/cold_start.txt" | tail -5 | tee -a "$log"
   keep_triton_cache
   ;;
 *)

@@ -69,6 +69,7 @@ class SlotLayout:
         self._offsets = torch.tensor(self.offsets, dtype=torch.long, device=self.device)
         self._sizes = torch.tensor(self.units, dtype=torch.int32, device=self.device)
         self._table = torch.tensor([[t.data_ptr() for t in r] for r in rows], dtype=torch.long, device=self.device)
+        self._rows = rows
         self._direct: _Direct | None = None  # set by the first write that Triton compiled or found
 
     def flat(self) -> Tensor:
@@ -86,6 +87,26 @@ class SlotLayout:
         kernel = _write_kernel[grid](self._table, flat, self._offsets, self._sizes, slot, self.nseg, BLOCK=BLOCK)
         if self._direct is None and flat.data_ptr() % 16 == 0:
             self._direct = _Direct.of(kernel, grid, self)
+
+
+    def warm(self, slot: int) -> None:
+        """Compile the kernel (a write of zeros into ``slot``, which must hold nothing), then
+        check the direct launch once: it must write a pattern there bit for bit, or Triton's
+        launcher stays in use. ``slot`` holds zeros again after."""
+        zeros = self.flat()
+        self.write(slot, zeros)
+        if self._direct is not None:
+            pattern = torch.arange(self.total, dtype=torch.int32, device=self.device).to(torch.int16)
+            try:
+                ok = self._direct(slot, pattern) and all(
+                    torch.equal(t.view(torch.int16).flatten(), pattern[off : off + n])
+                    for t, off, n in zip(self._rows[slot], self.offsets, self.units)
+                )
+            except Exception:  # a launcher of another signature: Triton's own launch stays
+                ok = False
+            if not ok:
+                self._direct = None
+            self.write(slot, zeros)
 
 
 class _Direct:

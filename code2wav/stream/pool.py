@@ -151,12 +151,12 @@ class StatePool:
     def layout(self) -> slot_copy.SlotLayout:
         """A snapshot's segments (every buffer's row, then the position) and every slot's row
         addresses (kernels/slot_copy.py). Built on first use; on CUDA the write kernel runs
-        once then, on the scratch row (which holds nothing), so that it is compiled there and
-        not on a cached stream's first packet."""
+        once then, on the scratch row (which holds nothing), so that it is compiled (and its
+        direct launch checked) there and not on a cached stream's first packet."""
         if self._layout is None:
             self._layout = slot_copy.SlotLayout([[*r, p] for r, p in self._rows])
             if slot_copy.applies(self.device):
-                self._layout.write(self.scratch_slot, self._layout.flat())
+                self._layout.warm(self.scratch_slot)
         return self._layout
 
     def snapshot(self, slot: int) -> Snapshot:
