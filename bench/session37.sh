@@ -5,6 +5,7 @@
 #                               cached voice's first push beside a fresh stream's and one restored ahead,
 #                               timed and laid out in time (bench/prefix_first_packet.py, its trace kept);
 #                               the record's prefix form at one stream
+#   bash bench/session37.sh b   a's first two runs, shorter
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 prefix_levels() {
@@ -24,6 +25,14 @@ a)
   prefix_levels prefix_1 1
   keep_triton_cache
   ;;
+b)  # the same first two runs, short (what device time was left)
+  stamp "the restore's cost (bench/restore_cost.py)"
+  timeout 60 python3 bench/restore_cost.py bfloat16 1000 2>&1 | grep -v Warning | tee "$OUT/restore_cost.txt" | tee -a "$log"
+  stamp "a cached voice's first packet (bench/prefix_first_packet.py)"
+  timeout 100 python3 bench/prefix_first_packet.py cuda 20 "$OUT/prefix_first_packet.trace.json" 2>&1 | grep -v Warning \
+    | tee "$OUT/prefix_first_packet.txt" | grep -E "push|cache|restore|timeline|runtime calls" | tee -a "$log"
+  gzip -f "$OUT/prefix_first_packet.trace.json"
+  ;;
 *)
-  echo "usage: bash bench/session37.sh a" >&2; exit 2 ;;
+  echo "usage: bash bench/session37.sh a|b" >&2; exit 2 ;;
 esac
