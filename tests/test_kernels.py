@@ -1056,6 +1056,55 @@ def test_the_slot_write_kernel_restores_every_segment_bit_for_bit(monkeypatch):
     assert pool.position.tolist()[:3] == [7, 2**40 + 3, 2**40 + 3]
 
 
+def test_the_slot_write_keeps_a_direct_launch_only_where_it_writes_bit_for_bit(monkeypatch):
+    """On CUDA the write kernel is launched by its compiled launcher directly after its first
+    launch (``slot_copy._Direct``); ``SlotLayout.warm`` checks that launch once, on the scratch
+    row: one that writes the pattern bit for bit is kept, one that writes anything else or raises
+    is dropped (Triton's launcher stays), and the scratch row holds zeros after either way. The
+    stand-ins here are launchers of each kind."""
+    from code2wav.kernels import slot_copy
+    from code2wav.stream.pool import StatePool
+
+    def right(layout):
+        def launch(slot, flat):
+            for t, off, n in zip(layout._rows[slot], layout.offsets, layout.units):
+                t.view(torch.int16).view(-1).copy_(flat[off : off + n])
+            return True
+
+        return launch
+
+    def nothing(layout):  # writes nothing
+        return lambda slot, flat: True
+
+    def off_by_one(layout):
+        launch = right(layout)
+        return lambda slot, flat: launch(slot, flat + 1)
+
+    def raising(layout):
+        def launch(slot, flat):
+            raise TypeError("a launcher of another signature")
+
+        return launch
+
+    monkeypatch.setattr(slot_copy, "applies", lambda device: True)
+    monkeypatch.setattr(slot_copy, "BLOCK", 1 << 15)
+    for kind, kept in ((right, True), (nothing, False), (off_by_one, False), (raising, False)):
+        made = []
+        monkeypatch.setattr(slot_copy._Direct, "of", staticmethod(lambda kernel, grid, layout, kind=kind, made=made: made.append(kind(layout)) or made[-1]))
+        pool = StatePool(model(SMALL, torch.float32), 2)
+        for b in pool.buffers.values():
+            b[:2].copy_(torch.randn(b[:2].shape))
+        before = {k: b.clone() for k, b in pool.buffers.items()}
+        layout = pool.layout  # built here: compiled and checked on the scratch row
+        assert (layout._direct is made[0]) if kept else (layout._direct is None), kind.__name__
+        for k, b in pool.buffers.items():
+            assert not b[pool.scratch_slot].any() and torch.equal(b[:2], before[k][:2]), (kind.__name__, k)
+        assert pool.position[pool.scratch_slot] == 0
+        pool.restore(1, pool.snapshot(0))  # by whichever launch was kept
+        for k, b in pool.buffers.items():
+            assert torch.equal(b[1], before[k][0]), (kind.__name__, k)
+
+
 def test_a_stream_restored_by_the_slot_write_kernel_equals_the_forward(monkeypatch):
     """A cache hit through the one-launch restore, then decoding: the whole-utterance forward's
     audio (float32 through the Triton kernels on CPU)."""

@@ -12,7 +12,8 @@ flat buffer of those units (``SlotLayout.views`` gives its typed views).
 
 Triton's launcher (``kernel[grid](...)``: binding, specialising and looking up the compiled kernel
 in Python) is most of a restore's host time, and a restore sits on a cached voice's first packet.
-After the first launch, ``write`` calls the compiled kernel's own launcher directly (``_Direct``):
+Once ``warm`` has compiled the kernel and checked its own launcher on a slot that holds nothing,
+``write`` calls that launcher directly (``_Direct``):
 every argument but ``slot`` and the snapshot is fixed per layout, and the one specialisation left
 to check, the snapshot's 16-byte alignment, is checked per call.
 """
@@ -70,7 +71,7 @@ class SlotLayout:
         self._sizes = torch.tensor(self.units, dtype=torch.int32, device=self.device)
         self._table = torch.tensor([[t.data_ptr() for t in r] for r in rows], dtype=torch.long, device=self.device)
         self._rows = rows
-        self._direct: _Direct | None = None  # set by the first write that Triton compiled or found
+        self._direct: _Direct | None = None  # the compiled kernel's own launcher, once ``warm`` checked it
 
     def flat(self) -> Tensor:
         return torch.zeros(self.total, dtype=torch.int16, device=self.device)  # the alignment gaps too
@@ -81,32 +82,32 @@ class SlotLayout:
 
     def write(self, slot: int, flat: Tensor) -> None:
         """Slot ``slot``'s every segment from ``flat``, in one launch (in stream order)."""
-        if self._direct is not None and self._direct(slot, flat):
-            return
-        grid = (self.nseg, triton.cdiv(self.most, BLOCK))
-        kernel = _write_kernel[grid](self._table, flat, self._offsets, self._sizes, slot, self.nseg, BLOCK=BLOCK)
-        if self._direct is None and flat.data_ptr() % 16 == 0:
-            self._direct = _Direct.of(kernel, grid, self)
+        if self._direct is None or not self._direct(slot, flat):
+            self._launch(slot, flat)
 
+    def _launch(self, slot: int, flat: Tensor):
+        """``write`` through Triton's launcher; returns the compiled kernel (None where Triton's
+        interpreter runs it)."""
+        grid = (self.nseg, triton.cdiv(self.most, BLOCK))
+        return _write_kernel[grid](self._table, flat, self._offsets, self._sizes, slot, self.nseg, BLOCK=BLOCK)
 
     def warm(self, slot: int) -> None:
         """Compile the kernel (a write of zeros into ``slot``, which must hold nothing), then
-        check the direct launch once: it must write a pattern there bit for bit, or Triton's
-        launcher stays in use. ``slot`` holds zeros again after."""
+        check its direct launch once there: kept if it writes a pattern bit for bit, else
+        Triton's launcher stays in use. ``slot`` holds zeros again after."""
         zeros = self.flat()
-        self.write(slot, zeros)
-        if self._direct is not None:
-            pattern = torch.arange(self.total, dtype=torch.int32, device=self.device).to(torch.int16)
-            try:
-                ok = self._direct(slot, pattern) and all(
-                    torch.equal(t.view(torch.int16).flatten(), pattern[off : off + n])
-                    for t, off, n in zip(self._rows[slot], self.offsets, self.units)
-                )
-            except Exception:  # a launcher of another signature: Triton's own launch stays
-                ok = False
-            if not ok:
-                self._direct = None
-            self.write(slot, zeros)
+        direct = _Direct.of(self._launch(slot, zeros), (self.nseg, triton.cdiv(self.most, BLOCK)), self)
+        if direct is None:
+            return
+        pattern = torch.arange(self.total, dtype=torch.int32, device=self.device).to(torch.int16)
+        try:
+            ok = direct(slot, pattern) and all(
+                torch.equal(t.view(torch.int16).flatten(), pattern[off : off + n]) for t, off, n in zip(self._rows[slot], self.offsets, self.units)
+            )
+        except Exception:  # a launcher of another signature: Triton's own launch stays
+            ok = False
+        self._direct = direct if ok else None
+        self._launch(slot, zeros)
 
 
 class _Direct:
