@@ -36,3 +36,11 @@ service_at_load() {
   timeout "$1" python3 bench/cold_start.py serve --then "$loads" --device cuda --dtype bfloat16 --max-streams 256 2>&1 \
     | tee "$OUT/fullload.txt" | grep -v '^{"' | tee -a "$log"
 }
+# A cached voice against none: sustained load at levels $2, 200-frame prefixes from 8 voices
+# (every one warmed first), the prefix cache on ($1: the run's name).
+prefix_levels() {
+  stamp "sustained $2: no prefix, a cached 200-frame prefix ($1)"
+  timeout 200 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels "$2" --prefix 0,200 --voices 8 --seconds 3 \
+    --set prefix_cache_bytes=1000000000 --out "$OUT/$1" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/$1.txt" | grep -A5 "^mode" | tee -a "$log"
+  rm -f "$OUT/$1/plot.png"
+}

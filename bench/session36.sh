@@ -8,12 +8,6 @@
 #                               against the foreach copy (bench/restore_cost.py), then as call 1
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
-prefix_levels() {
-  stamp "sustained $2: no prefix, a cached 200-frame prefix ($1)"
-  timeout 200 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels "$2" --prefix 0,200 --voices 8 --seconds 3 \
-    --set prefix_cache_bytes=1000000000 --out "$OUT/$1" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/$1.txt" | grep -A5 "^mode" | tee -a "$log"
-  rm -f "$OUT/$1/plot.png"
-}
 first_packet() {
   stamp "a cached voice's first packet (bench/prefix_first_packet.py)"
   timeout 150 python3 bench/prefix_first_packet.py cuda 60 2>&1 | grep -v Warning | tee "$OUT/prefix_first_packet.txt" \
