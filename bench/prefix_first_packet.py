@@ -48,7 +48,8 @@ def main() -> int:
         engine.open(rid, kinds[kind])
         if kind == "ahead":
             engine.restore_opened()
-            torch.cuda.synchronize() if device.startswith("cuda") else None
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
         t0 = time.perf_counter()
         with record_function(f"first push {kind}"):
             engine.push(rid, first)  # the audio comes back to the host: the step is done

@@ -14,7 +14,6 @@ import time
 
 import torch
 
-from code2wav.kernels import slot_copy
 from code2wav.model.config import DecoderConfig
 from code2wav.model.init import random_decoder
 from code2wav.stream.engine import StreamEngine
@@ -30,10 +29,9 @@ def main() -> int:
         b[1].copy_(torch.randint(-1000, 1000, b[1].shape, device="cuda").to(b.dtype))
     state = pool.snapshot(1)
     L = pool.layout
-    grid = (L.nseg, -(-L.most // slot_copy.BLOCK))
 
     def through_triton(slot: int, snap) -> None:  # the same kernel, launched by Triton's launcher
-        slot_copy._write_kernel[grid](L._table, snap.flat, L._offsets, L._sizes, slot, L.nseg, BLOCK=slot_copy.BLOCK)
+        L._launch(slot, snap.flat)
 
     forms = (
         ("kernel, its launcher called directly (default)", pool.restore),

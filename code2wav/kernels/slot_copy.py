@@ -85,18 +85,20 @@ class SlotLayout:
         if self._direct is None or not self._direct(slot, flat):
             self._launch(slot, flat)
 
+    def _grid(self) -> tuple[int, int]:
+        return self.nseg, triton.cdiv(self.most, BLOCK)
+
     def _launch(self, slot: int, flat: Tensor):
         """``write`` through Triton's launcher; returns the compiled kernel (None where Triton's
         interpreter runs it)."""
-        grid = (self.nseg, triton.cdiv(self.most, BLOCK))
-        return _write_kernel[grid](self._table, flat, self._offsets, self._sizes, slot, self.nseg, BLOCK=BLOCK)
+        return _write_kernel[self._grid()](self._table, flat, self._offsets, self._sizes, slot, self.nseg, BLOCK=BLOCK)
 
     def warm(self, slot: int) -> None:
         """Compile the kernel (a write of zeros into ``slot``, which must hold nothing), then
         check its direct launch once there: kept if it writes a pattern bit for bit, else
         Triton's launcher stays in use. ``slot`` holds zeros again after."""
         zeros = self.flat()
-        direct = _Direct.of(self._launch(slot, zeros), (self.nseg, triton.cdiv(self.most, BLOCK)), self)
+        direct = _Direct.of(self._launch(slot, zeros), self._grid(), self)
         if direct is None:
             return
         pattern = torch.arange(self.total, dtype=torch.int32, device=self.device).to(torch.int16)
@@ -119,7 +121,7 @@ class _Direct:
     def __init__(self, kernel, grid: tuple[int, int], layout: SlotLayout, knobs):
         self.launch, self.function, self.meta = kernel.run, kernel.function, kernel.packed_metadata
         self.grid, self.layout, self.knobs = grid, layout, knobs
-        self.device = layout.device.index if layout.device.index is not None else torch.cuda.current_device()
+        self.device = layout.device.index  # a CUDA tensor's device always has its index
 
     @staticmethod
     def of(kernel, grid: tuple[int, int], layout: SlotLayout) -> "_Direct | None":
