@@ -20,7 +20,7 @@ from code2wav.stream.pool import PoolFull, StatePool, packed_base, packed_inputs
 from code2wav.stream.rows import StreamError
 from code2wav.stream.runner import EagerRunner
 from code2wav.stream.schedule import SchedulePolicy, split_groups
-from tests.models import SMALL, forward_audio, model, random_codes
+from tests.models import SMALL, forward_audio, model, random_codes, stream_alone
 
 
 class Spy(EagerRunner):
@@ -749,6 +749,35 @@ def test_the_cuda_path_keeps_every_streams_audio_exact(monkeypatch, priority):
         assert on_side and main.waits + side.waits > 0
     else:
         assert main.waits == side.waits == 0
+
+
+def test_a_restore_before_the_first_step_goes_where_that_step_runs(monkeypatch):
+    """With a priority stream, ``restore_opened`` writes a cached prefix's state on it, where the
+    stream's first (small) step runs, as the zeroing of freed slots does: that step then has no
+    other stream's work to wait for. The audio is the whole-utterance forward's (stand-in
+    streams and events on the CPU, as above)."""
+    main, side = _Stream(), _Stream()
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: main)
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, pin_memory=False, **k: real_empty(*a, **k))
+    m = model(SMALL, torch.float64)
+    voice, tail = random_codes(12, SMALL, seed=40), random_codes(6, SMALL, seed=41)
+    e = StreamEngine(m, max_streams=3, max_step_frames=8, prefix_cache_bytes=64 << 20)
+    e.device = torch.device("cuda")
+    e.runner.priority_stream = side
+    e.runner.stream_for = lambda shape: side if shape[0] * shape[1] <= 4 else None
+    stream_alone(e, "warm", torch.cat([voice, tail]), 12, 2, [2])  # the voice in the cache
+    e.open("hit", voice)
+    e.restore_opened()
+    slot = e._streams["hit"].slot
+    assert e._order._last[slot][0] is side  # the restore's work: on the priority stream
+    waits = side.waits
+    first = e.push("hit", tail[:1])
+    assert side.waits == waits  # its first (one-frame) step, on the priority stream, waited for nothing
+    out = torch.cat([first, e.push("hit", tail[1:])])
+    assert (out - forward_audio(m, torch.cat([voice, tail]))[12 * SPF :]).abs().max() < 1e-12
 
 
 def test_packed_graph_inputs_view_one_buffer_set_to_an_empty_step():

@@ -1097,6 +1097,7 @@ def test_the_slot_write_keeps_a_direct_launch_only_where_it_writes_bit_for_bit(m
         before = {k: b.clone() for k, b in pool.buffers.items()}
         layout = pool.layout  # built here: compiled and checked on the scratch row
         assert (layout._direct is made[0]) if kept else (layout._direct is None), kind.__name__
+        assert (layout.direct_off is None) == kept and (kept or "direct launch" in layout.direct_off), (kind.__name__, layout.direct_off)
         for k, b in pool.buffers.items():
             assert not b[pool.scratch_slot].any() and torch.equal(b[:2], before[k][:2]), (kind.__name__, k)
         assert pool.position[pool.scratch_slot] == 0

@@ -65,28 +65,49 @@ def test_a_hits_first_chunk_gathers_like_a_fresh_streams_and_a_misss_does_not():
         assert [r.gathers for r in later] == [False]
 
 
-def test_a_cached_prefix_goes_in_when_the_stream_opens_not_on_its_first_packet():
-    """``restore_opened`` (the async engine's worker runs it when idle, after an open): a stream
-    opened with a cached prefix starts from that state at once, so its first chunk has no
-    lookup or copy left to do; a prefix not cached is left for the first chunk's prefill and
+def test_a_cached_prefix_is_looked_up_at_open_and_goes_in_before_the_first_packet():
+    """The lookup runs when the stream opens (host work: the caller's thread, not the first
+    packet's), and counts a hit there; ``restore_opened`` (the async engine's worker runs it when
+    idle, after an open) then writes that state into the slot, so the first chunk has no lookup
+    or copy left to do. A prefix not cached at open is left for the first chunk's prefill and
     counted as a miss there, once. Audio as the forward's either way."""
     m = model(SMALL, torch.float64)
     with one_thread():
         engine, (voice, other, tail) = hit_miss_cold(m)
-        hits, misses = engine.prefix_cache_stats()["hits"], engine.prefix_cache_stats()["misses"]
-        engine.restore_opened()
         st_hit, st_miss = engine._streams["hit"], engine._streams["miss"]
-        assert st_hit.prefix is None and st_miss.prefix is not None
-        assert engine.prefix_cache_stats()["hits"] == hits + 1 and engine.prefix_cache_stats()["misses"] == misses
-        warm = engine.pool.snapshot(engine._streams["hit"].slot)
-        cached = engine.prefill.cache.get(voice)  # (a lookup: counted as a hit)
-        assert torch.equal(warm.flat, cached.flat)  # the slot holds the cached state
+        assert st_hit.cached is not None and st_miss.cached is None  # found (or not) at open
+        assert engine.prefix_cache_stats()["hits"] == 1 and engine.prefix_cache_stats()["misses"] == 1  # the warm stream's
+        engine.restore_opened()
+        assert st_hit.prefix is None and st_hit.cached is None and st_miss.prefix is not None
+        assert engine.prefix_cache_stats()["hits"] == 1 and engine.prefix_cache_stats()["misses"] == 1  # no second lookup
+        warm = engine.pool.snapshot(st_hit.slot)
+        assert torch.equal(warm.flat, engine.prefill.cache.get(voice).flat)  # the slot holds the cached state
         engine.restore_opened()  # nothing opened since: no lookup
-        assert engine.prefix_cache_stats()["hits"] == hits + 2 and engine.prefix_cache_stats()["misses"] == misses
+        assert engine.prefix_cache_stats()["hits"] == 2 and engine.prefix_cache_stats()["misses"] == 1
         out = engine.decode({"hit": tail[:5], "miss": tail[:7]})
-        assert engine.prefix_cache_stats()["misses"] == misses + 1 and not engine._opened
+        assert engine.prefix_cache_stats()["misses"] == 2 and not engine._opened
     assert (out["hit"] - forward_audio(m, torch.cat([voice, tail]))[20 * SPF : 25 * SPF]).abs().max() <= 1e-9
     assert (out["miss"] - forward_audio(m, torch.cat([other, tail]))[12 * SPF : 19 * SPF]).abs().max() <= 1e-9
+
+
+def test_a_state_found_at_open_is_restored_even_if_evicted_before_the_first_step():
+    """The state a stream found when it opened is the one it starts from, though the cache lets
+    it go before the stream's first chunk (another voice took its place): exactly the forward's
+    audio, and no second lookup (the evicted voice is not prefilled again)."""
+    m = model(SMALL, torch.float64)
+    voice, other, tail = random_codes(20, SMALL, seed=31), random_codes(20, SMALL, seed=32), random_codes(6, SMALL, seed=33)
+    with one_thread():
+        engine = StreamEngine(m, max_streams=3, prefix_cache_bytes=64 << 20)
+        stream_alone(engine, "warm", torch.cat([voice, tail]), 20, 2, [2])
+        engine.open("hit", voice)
+        cache = engine.prefill.cache
+        cache.max_bytes = cache.bytes  # room for one voice: the next one evicts this one
+        stream_alone(engine, "evicts", torch.cat([other, tail]), 20, 2, [2])
+        assert cache.stats()["evictions"] == 1 and cache.get(voice) is None
+        misses = cache.stats()["misses"]
+        out = engine.decode({"hit": tail[:6]})["hit"]
+        assert cache.stats()["misses"] == misses
+    assert (out - forward_audio(m, torch.cat([voice, tail]))[20 * SPF : 26 * SPF]).abs().max() <= 1e-9
 
 
 def test_a_stream_ended_before_its_restore_leaves_nothing_behind():
@@ -105,7 +126,7 @@ def test_a_stream_ended_before_its_restore_leaves_nothing_behind():
         engine.restore_opened()
         got = engine.push("fresh", tail)
     assert (got - forward_audio(m, tail)).abs().max() <= 1e-9
-    assert engine.prefix_cache_stats()["hits"] == 0
+    assert engine.prefix_cache_stats()["hits"] == 1  # the lookup when "gone" opened; nothing restored since
 
 
 def test_the_async_engine_restores_a_cached_prefix_as_the_stream_opens():

@@ -72,6 +72,7 @@ class SlotLayout:
         self._table = torch.tensor([[t.data_ptr() for t in r] for r in rows], dtype=torch.long, device=self.device)
         self._rows = rows
         self._direct: _Direct | None = None  # the compiled kernel's own launcher, once ``warm`` checked it
+        self.direct_off = "not warmed"  # why ``_direct`` is not in use (None while it is)
 
     def flat(self) -> Tensor:
         return torch.zeros(self.total, dtype=torch.int16, device=self.device)  # the alignment gaps too
@@ -99,16 +100,19 @@ class SlotLayout:
         Triton's launcher stays in use. ``slot`` holds zeros again after."""
         zeros = self.flat()
         direct = _Direct.of(self._launch(slot, zeros), self._grid(), self)
-        if direct is None:
+        if isinstance(direct, str):
+            self.direct_off = direct
             return
         pattern = torch.arange(self.total, dtype=torch.int32, device=self.device).to(torch.int16)
         try:
-            ok = direct(slot, pattern) and all(
-                torch.equal(t.view(torch.int16).flatten(), pattern[off : off + n]) for t, off, n in zip(self._rows[slot], self.offsets, self.units)
-            )
-        except Exception:  # a launcher of another signature: Triton's own launch stays
-            ok = False
-        self._direct = direct if ok else None
+            if not direct(slot, pattern):
+                ok, why = False, "a Triton launch hook is set (a profiler's)"
+            else:
+                ok = all(torch.equal(t.view(torch.int16).flatten(), pattern[off : off + n]) for t, off, n in zip(self._rows[slot], self.offsets, self.units))
+                why = None if ok else "the direct launch did not write the pattern bit for bit"
+        except Exception as e:  # a launcher of another signature: Triton's own launch stays
+            ok, why = False, f"the direct launch raised {type(e).__name__}: {e}"
+        self._direct, self.direct_off = (direct if ok else None), why
         self._launch(slot, zeros)
 
 
@@ -124,13 +128,15 @@ class _Direct:
         self.device = layout.device.index  # a CUDA tensor's device always has its index
 
     @staticmethod
-    def of(kernel, grid: tuple[int, int], layout: SlotLayout) -> "_Direct | None":
+    def of(kernel, grid: tuple[int, int], layout: SlotLayout) -> "_Direct | str":
+        """The direct launch of ``kernel``, or why there is none."""
         try:
             from triton import knobs  # Triton >= 3.4: where the launch hooks live
         except ImportError:
-            return None
-        if not all(hasattr(kernel, a) for a in ("run", "function", "packed_metadata")) or kernel.function is None:
-            return None
+            return "triton.knobs is missing (Triton < 3.4)"
+        missing = [a for a in ("run", "function", "packed_metadata") if getattr(kernel, a, None) is None]
+        if missing:
+            return f"the compiled kernel has no {', '.join(missing)}"
         return _Direct(kernel, grid, layout, knobs)
 
     def __call__(self, slot: int, flat: Tensor) -> bool:

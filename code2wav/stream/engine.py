@@ -103,8 +103,9 @@ class StreamEngine(Lifecycle):
 
     def _keep_prefix(self, st: Stream, prefix: Tensor) -> None:
         st.prefix = prefix  # prefilled with every other waiting stream at its first step
-        if self.prefill.cache is not None:  # restore_opened may find it cached before that
-            self._opened[st.request_id] = st
+        if self.prefill.cache is not None:  # unless cached: looked up now (host work, off the first packet)
+            st.cached = self.prefill.cache.get(prefix, count_miss=False)
+            self._opened[st.request_id] = st  # restore_opened may write it in before its first step
 
     def _release(self, st: Stream, how: str) -> None:
         with self._lock:
@@ -122,7 +123,7 @@ class StreamEngine(Lifecycle):
             opened = list(self._opened.values())
             self._opened.clear()
             self.zero_released()  # a slot given back is zeroed before its new owner's state goes in
-            with self._ordered([st.slot for st in opened]):
+            with self._before_first_step([st.slot for st in opened]):
                 for st in opened:
                     self.prefill.restore(st, count_miss=False)
 
@@ -132,34 +133,26 @@ class StreamEngine(Lifecycle):
 
     def zero_released(self) -> None:
         """Zero the state of slots given back since the last step (a step does it anyway before
-        its first forward; run it on the stepping thread when idle, off the next first packet).
-        With a priority stream, on that stream: a new stream's first step runs there, and need not
-        wait behind the large steps queued on the main one."""
+        its first forward; run it on the stepping thread when idle, off the next first packet)."""
         if self.pool.has_stale:  # read without the lock: set only under it
-            with self._lock:
-                priority = self.runner.priority_stream
-                with torch.cuda.stream(priority) if priority is not None else _SAME, self._ordered(self.pool.stale, priority):
-                    self.pool.reset_stale()
-
-    def _wait_for(self, slots: Any, stream: Any) -> None:
-        """Make ``stream`` wait for the last work on another stream that touched ``slots``."""
-        for event in self._order.waits(slots, stream):
-            stream.wait_event(event)
+            with self._lock, self._before_first_step(self.pool.stale):
+                self.pool.reset_stale()
 
     @contextlib.contextmanager
+    def _before_first_step(self, slots: Any):
+        """Device work on new streams' ``slots`` (zeroing, a restore): on the priority stream
+        where there is one (a new stream's first step runs there, and need not wait behind the
+        large steps queued on the main one), ordered after the slots' last work (``_ordered``)."""
+        priority = self.runner.priority_stream
+        with torch.cuda.stream(priority) if priority is not None else _SAME, self._ordered(slots, priority):
+            yield
+
     def _ordered(self, slots: Any, stream: Any = None):
         """Device work on ``slots`` queued on ``stream`` (default: the current one) inside the
-        block: where the runner has a priority stream, after the slots' last work on the other
-        stream, and recorded as their last for the next."""
+        block, ordered across the runner's two streams where it has a priority one (SlotOrder)."""
         if self.runner.priority_stream is None:
-            yield
-            return
-        stream = stream or torch.cuda.current_stream(self.device)
-        self._wait_for(slots, stream)
-        yield
-        done = torch.cuda.Event()
-        done.record(stream)
-        self._order.touched(slots, stream, done)
+            return _SAME
+        return self._order.ordered(slots, stream or torch.cuda.current_stream(self.device), torch.cuda.Event())
 
     def state_bytes(self) -> dict[str, int]:
         return {"per_stream": self.pool.bytes_per_stream, "pool": self.pool.nbytes}
@@ -343,7 +336,7 @@ class StreamEngine(Lifecycle):
                     start, end = (self._events.pop() if self._events else torch.cuda.Event(enable_timing=True) for _ in range(2))
                     with torch.cuda.stream(stream) if stream is not main else _SAME:
                         if priority is not None:
-                            self._wait_for(slots, stream)
+                            self._order.wait(slots, stream)
                         start.record(stream)
                         wav = self.runner(staged.codes, staged.slots, staged.n_new)[: len(group), : max(group.pieces) * spf]
                         outs, sums = self._outputs(wav, group, staged.n_new)

@@ -10,7 +10,8 @@ engine); the engine records the events.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 
@@ -29,6 +30,20 @@ class SlotOrder:
             if last is not None and last[0] != stream:  # torch's Stream objects compare by the stream they name
                 out.setdefault(id(last[1]), last[1])
         return list(out.values())
+
+    def wait(self, slots: Iterable[int], stream: Any) -> None:
+        """Make ``stream`` wait for those events (``waits``)."""
+        for event in self.waits(slots, stream):
+            stream.wait_event(event)
+
+    @contextlib.contextmanager
+    def ordered(self, slots: list[int], stream: Any, event: Any) -> Iterator[None]:
+        """Work on ``slots`` queued on ``stream`` inside the block: after their last work on
+        another stream, and then theirs (``event``, recorded on ``stream`` at the block's end)."""
+        self.wait(slots, stream)
+        yield
+        event.record(stream)
+        self.touched(slots, stream, event)
 
     def touched(self, slots: Iterable[int], stream: Any, event: Any) -> None:
         """Work on ``stream`` that ends at ``event`` touched ``slots`` (after what they waited for)."""

@@ -73,12 +73,13 @@ class Prefill:
 
     def restore(self, st: Stream, count_miss: bool = True) -> bool:
         """Start ``st`` from the cached state of its prefix (and clear the prefix), if the cache
-        holds it; returns whether it did. ``count_miss``: see ``PrefixCache.get``."""
-        state = self.cache.get(st.prefix, count_miss) if self.cache is not None else None
+        held it when the stream opened (``st.cached``) or holds it now; returns whether it did.
+        ``count_miss``: see ``PrefixCache.get``."""
+        state = st.cached if st.cached is not None else self.cache.get(st.prefix, count_miss) if self.cache is not None else None
         if state is None:
             return False
         self.pool.restore(st.slot, state)
-        st.prefix = None
+        st.prefix = st.cached = None
         return True
 
     def _prefill(self, streams: list[Stream]) -> None:

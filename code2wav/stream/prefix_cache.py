@@ -6,11 +6,13 @@ a prefill of it wrote (every layer's history and the position: the same function
 codes, so the audio is the same) instead of a prefill. Entries are keyed by the codes themselves
 (as bytes: the dict hashes them and compares them whole on a hit, so two prefixes never share an
 entry); the least recently used leave first, under ``max_bytes`` (``EngineConfig.prefix_cache_bytes``;
-0 turns the cache off).
+0 turns the cache off). A stream's prefix is looked up when it opens (the caller's thread) and put
+after a prefill (the stepping thread): one lock keeps the two apart.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -40,26 +42,28 @@ class PrefixCache:
         self._narrow = code_bound <= 1 << 15
         self._entries: OrderedDict[Key, _Entry] = OrderedDict()
         self.bytes = self.hits = self.misses = self.evictions = 0
+        self._lock = threading.Lock()
 
     def _key(self, codes: Tensor) -> Key:
-        """The prefix's shape and its codes' bytes. It runs on the worker before a cached
-        stream's first step: a few microseconds, where a digest (blake2b) and then a comparison
+        """The prefix's shape and its codes' bytes. It runs when a stream opens (and after a
+        prefill): a few microseconds, where a digest (blake2b) and then a comparison
         of the codes as tensors took several times as long (BENCHMARKS.md, sessions 35-36)."""
         a = codes.numpy()
         return tuple(codes.shape), (a.astype(np.int16) if self._narrow else a).tobytes()
 
     def get(self, codes: Tensor, count_miss: bool = True) -> State | None:
         """The state of a stream prefilled with exactly ``codes``, or None (counted either way,
-        a miss only with ``count_miss``: a lookup ahead of the stream's first step, which asks
+        a miss only with ``count_miss``: the lookup when a stream opens, whose first step asks
         again on a miss)."""
         key = self._key(codes)
-        e = self._entries.get(key)
-        if e is None:
-            self.misses += count_miss
-            return None
-        self._entries.move_to_end(key)
-        self.hits += 1
-        return e.state
+        with self._lock:
+            e = self._entries.get(key)
+            if e is None:
+                self.misses += count_miss
+                return None
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return e.state
 
     def put(self, codes: Tensor, state: State) -> None:
         """Keep ``state`` for ``codes``; entries leave, least recently used first, to stay under
@@ -68,16 +72,18 @@ class PrefixCache:
         nbytes = len(key[1]) + state.nbytes
         if nbytes > self.max_bytes:
             return
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self.bytes -= old.nbytes
-        while self._entries and self.bytes + nbytes > self.max_bytes:
-            _, gone = self._entries.popitem(last=False)
-            self.bytes -= gone.nbytes
-            self.evictions += 1
-        self._entries[key] = _Entry(state, nbytes)
-        self.bytes += nbytes
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self.bytes -= old.nbytes
+            while self._entries and self.bytes + nbytes > self.max_bytes:
+                _, gone = self._entries.popitem(last=False)
+                self.bytes -= gone.nbytes
+                self.evictions += 1
+            self._entries[key] = _Entry(state, nbytes)
+            self.bytes += nbytes
 
     def stats(self) -> dict[str, int]:
-        return {"hits": self.hits, "misses": self.misses, "evictions": self.evictions, "entries": len(self._entries),
-                "bytes": self.bytes, "max_bytes": self.max_bytes}
+        with self._lock:
+                return {"hits": self.hits, "misses": self.misses, "evictions": self.evictions, "entries": len(self._entries),
+                    "bytes": self.bytes, "max_bytes": self.max_bytes}

@@ -35,6 +35,7 @@ class Stream:
     last_active: float = field(default_factory=time.monotonic)
     history: list[Any] = field(default_factory=list)  # codes so far (the baselines re-decode them)
     prefix: Any = None  # reference frames not prefilled yet (the stream's first step does it)
+    cached: Any = None  # the prefix's cached state, found when the stream opened (restored before its first step)
     started: bool = False  # a chunk of it has joined a step
     pcm16: bool = False  # its audio comes as int16 samples, quantized where the step ran (code2wav.audio.quantize16)
 
