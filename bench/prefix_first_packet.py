@@ -89,6 +89,7 @@ def main() -> int:
         host = (time.perf_counter() - t0) / 200 * 1e6
         sync()
         print(f"{what}: {host:.1f} us host a call, {(time.perf_counter() - t0) / 200 * 1e6:.1f} us with the device's work", flush=True)
+    through_async_engine(engine, kinds, first, second, pairs)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
     # The timeline (its GPU columns on CUDA only).
     with profile(activities=activities) as prof:
@@ -106,6 +107,69 @@ def main() -> int:
             print(f"--- {kind}: 10 streams (a first and a second push), by {sort}")
             print(prof.key_averages().table(sort_by=sort, row_limit=30), flush=True)
     return 0
+
+
+def through_async_engine(engine, kinds: dict, first, second, pairs: int) -> None:
+    """The first push as code2wav.bench times it: through the async engine, open then push back to
+    back ("ahead": 3 ms apart, a talker that opens before its first frames exist), from the push
+    to its audio's landing on the loop. The worker's side, from the push: when its
+    ``restore_opened`` starts and how long it takes, when its decode starts."""
+    import asyncio
+
+    from code2wav.engine.async_engine import AsyncEngine
+
+    marks: dict[str, list[float]] = {"restore": [], "restored": [], "decode": []}
+
+    def timed(name: str, fn):
+        def wrapper(*args, **kwargs):
+            marks[name].append(time.perf_counter())
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if name == "restore":
+                    marks["restored"].append(time.perf_counter())
+
+        return wrapper
+
+    engine.restore_opened = timed("restore", engine.restore_opened)
+    engine.decode = timed("decode", engine.decode)
+    rows: dict[str, list[dict[str, float]]] = {k: [] for k in kinds}
+
+    async def run() -> None:
+        async with AsyncEngine(engine, max_pending_chunks=4) as eng:
+            for i in range(5 + pairs):
+                for kind, prefix in kinds.items():
+                    rid = f"a{i}{kind}"
+                    await eng.open(rid, prefix)
+                    if kind == "ahead":
+                        await asyncio.sleep(0.003)
+                    for m in marks.values():
+                        m.clear()
+                    t0 = time.perf_counter()
+                    fut = eng.submit(rid, first)
+                    landed: list[float] = []
+                    fut.add_done_callback(lambda f, landed=landed: landed.append(time.perf_counter()))
+                    await fut
+                    row = {"first packet": landed[0] - t0}
+                    if marks["restore"]:  # the last idle work before the decode (the open's)
+                        row["restore starts"] = marks["restore"][-1] - t0
+                        row["restore takes"] = marks["restored"][-1] - marks["restore"][-1]
+                    if marks["decode"]:
+                        row["decode starts"] = marks["decode"][0] - t0
+                    if i >= 5:
+                        rows[kind].append(row)
+                    await eng.push(rid, second)
+                    await eng.finish(rid)
+
+    asyncio.run(run())
+    del engine.restore_opened, engine.decode
+    for kind, rs in rows.items():
+        keys = sorted({k for r in rs for k in r}, key=lambda k: ("first packet", "restore starts", "restore takes", "decode starts").index(k))
+        print(
+            f"async engine, {kind} ({len(rs)} streams, p50 us from the push): "
+            + ", ".join(f"{k} {np.median([r[k] for r in rs if k in r]) * 1e6:.1f}" for k in keys),
+            flush=True,
+        )
 
 
 def timeline(path: str) -> None:

@@ -38,7 +38,9 @@ def main() -> int:
         ("kernel, through Triton's launcher", through_triton),
         ("foreach rows + position", pool.restore_rows),
     )
-    print(f"direct launch in use: {L._direct is not None}", flush=True)
+    import triton
+
+    print(f"direct launch in use: {L._direct is not None} (Triton {triton.__version__}; not in use because: {L.direct_off})", flush=True)
     for name, fn in forms:
         for _ in range(50):
             fn(2, state)

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Session 38 (repo root on the device): a cached voice's first packet at one stream, with the
+# prefix looked up when the stream opens and restored on the priority stream where there is one.
+#   bash bench/session38.sh a   why the restore's direct launch is (not) in use and what each
+#                               launch costs (bench/restore_cost.py); the first push beside a fresh
+#                               stream's, synchronously and through the async engine as
+#                               code2wav.bench times it (bench/prefix_first_packet.py, its trace
+#                               kept); the record's prefix form at one stream alternating with the
+#                               tree in _base (the commit before, where present: a04bcd0), twice
+#                               each; the cold start to first audio; 64 / 256 streams
+source bench/device_env.sh
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
+base_levels() {  # the same as prefix_levels, from the tree in _base
+  stamp "sustained $2 from _base: no prefix, a cached 200-frame prefix ($1)"
+  (cd _base && PYTHONPATH="$PWD:/tmp/site" timeout 200 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels "$2" \
+    --prefix 0,200 --voices 8 --seconds 3 --set prefix_cache_bytes=1000000000 --out "$OUT/$1" 2>&1) \
+    | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/$1.txt" | grep -A5 "^mode" | tee -a "$log"
+  rm -f "$OUT/$1/plot.png"
+}
+case "${1:-}" in
+a)
+  stamp "the restore's cost (bench/restore_cost.py)"
+  timeout 100 python3 bench/restore_cost.py bfloat16 1000 2>&1 | grep -v Warning | tee "$OUT/restore_cost.txt" | tee -a "$log"
+  stamp "a cached voice's first packet (bench/prefix_first_packet.py)"
+  timeout 200 python3 bench/prefix_first_packet.py cuda 40 "$OUT/prefix_first_packet.trace.json" 2>&1 | grep -v Warning \
+    | tee "$OUT/prefix_first_packet.txt" | grep -E "push|cache|restore|timeline|runtime calls|async" | tee -a "$log"
+  gzip -f "$OUT/prefix_first_packet.trace.json"
+  for i in 1 2; do
+    prefix_levels "prefix_1_new_$i" 1
+    [ -d _base ] && base_levels "prefix_1_base_$i" 1
+  done
+  stamp "cold start to first audio (bench/cold_start.py serve)"
+  COLD_START_UNTIL="first audio" timeout 120 python3 bench/cold_start.py serve --device cuda --dtype bfloat16 2>&1 \
+    | tee "$OUT/cold_start.txt" | tail -5 | tee -a "$log"
+  prefix_levels prefix_64_256 64,256
+  keep_triton_cache
+  ;;
+*)
+  echo "usage: bash bench/session38.sh a" >&2; exit 2 ;;
+esac
