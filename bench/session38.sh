@@ -7,7 +7,7 @@
 #                               code2wav.bench times it (bench/prefix_first_packet.py, its trace
 #                               kept); the record's prefix form at one stream alternating with the
 #                               tree in _base (the commit before, where present: a04bcd0), twice
-#                               each; the cold start to first audio; 64 / 256 streams
+#                               each; 64 / 256 streams
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 base_levels() {  # the same as prefix_levels, from the tree in _base
@@ -22,16 +22,13 @@ a)
   stamp "the restore's cost (bench/restore_cost.py)"
   timeout 100 python3 bench/restore_cost.py bfloat16 1000 2>&1 | grep -v Warning | tee "$OUT/restore_cost.txt" | tee -a "$log"
   stamp "a cached voice's first packet (bench/prefix_first_packet.py)"
-  timeout 200 python3 bench/prefix_first_packet.py cuda 40 "$OUT/prefix_first_packet.trace.json" 2>&1 | grep -v Warning \
+  timeout 200 python3 bench/prefix_first_packet.py cuda 30 "$OUT/prefix_first_packet.trace.json" 2>&1 | grep -v Warning \
     | tee "$OUT/prefix_first_packet.txt" | grep -E "push|cache|restore|timeline|runtime calls|async" | tee -a "$log"
   gzip -f "$OUT/prefix_first_packet.trace.json"
   for i in 1 2; do
     prefix_levels "prefix_1_new_$i" 1
     [ -d _base ] && base_levels "prefix_1_base_$i" 1
   done
-  stamp "cold start to first audio (bench/cold_start.py serve)"
-  COLD_START_UNTIL="first audio" timeout 120 python3 bench/cold_start.py serve --device cuda --dtype bfloat16 2>&1 \
-    | tee "$OUT/cold_start.txt" | tail -5 | tee -a "$log"
   prefix_levels prefix_64_256 64,256
   keep_triton_cache
   ;;
