@@ -20,9 +20,9 @@ base_levels() {  # the same as prefix_levels, from the tree in _base
 case "${1:-}" in
 a)
   stamp "the restore's cost (bench/restore_cost.py)"
-  timeout 100 python3 bench/restore_cost.py bfloat16 1000 2>&1 | grep -v Warning | tee "$OUT/restore_cost.txt" | tee -a "$log"
+  timeout 100 python3 bench/restore_cost.py bfloat16 500 2>&1 | grep -v Warning | tee "$OUT/restore_cost.txt" | tee -a "$log"
   stamp "a cached voice's first packet (bench/prefix_first_packet.py)"
-  timeout 200 python3 bench/prefix_first_packet.py cuda 30 "$OUT/prefix_first_packet.trace.json" 2>&1 | grep -v Warning \
+  timeout 200 python3 bench/prefix_first_packet.py cuda 20 "$OUT/prefix_first_packet.trace.json" 2>&1 | grep -v Warning \
     | tee "$OUT/prefix_first_packet.txt" | grep -E "push|cache|restore|timeline|runtime calls|async" | tee -a "$log"
   gzip -f "$OUT/prefix_first_packet.trace.json"
   for i in 1 2; do
