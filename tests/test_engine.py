@@ -711,6 +711,18 @@ class _Event:
         return 1.0
 
 
+def _cuda_stand_ins(monkeypatch) -> tuple[_Stream, _Stream]:
+    """The engine's CUDA path on the CPU: stand-in streams (the current one and a second) and
+    events, no stream switching, no pinned memory."""
+    main, side = _Stream(), _Stream()
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: main)
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, pin_memory=False, **k: real_empty(*a, **k))
+    return main, side
+
+
 @pytest.mark.parametrize("priority", [False, True], ids=["one stream", "priority stream"])
 def test_the_cuda_path_keeps_every_streams_audio_exact(monkeypatch, priority):
     """The engine's CUDA path (steps queued ahead, delivered as their events complete; with a
@@ -718,12 +730,7 @@ def test_the_cuda_path_keeps_every_streams_audio_exact(monkeypatch, priority):
     touch) run on the CPU with stand-in streams and events (CI has no GPU): ragged chunks of four
     streams, some of them one-frame first chunks, end as each stream's whole-utterance forward,
     and with a priority stream small steps ran on it and cross-stream waits were given."""
-    main, side = _Stream(), _Stream()
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: main)
-    monkeypatch.setattr(torch.cuda, "Event", _Event)
-    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
-    real_empty = torch.empty
-    monkeypatch.setattr(torch, "empty", lambda *a, pin_memory=False, **k: real_empty(*a, **k))
+    main, side = _cuda_stand_ins(monkeypatch)
     m = model(SMALL, torch.float64)
     e = StreamEngine(m, max_streams=6, max_step_frames=8)
     e.device = torch.device("cuda")  # the CUDA path (pinned copies, events), on stand-ins
@@ -756,12 +763,7 @@ def test_a_restore_before_the_first_step_goes_where_that_step_runs(monkeypatch):
     stream's first (small) step runs, as the zeroing of freed slots does: that step then has no
     other stream's work to wait for. The audio is the whole-utterance forward's (stand-in
     streams and events on the CPU, as above)."""
-    main, side = _Stream(), _Stream()
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: main)
-    monkeypatch.setattr(torch.cuda, "Event", _Event)
-    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
-    real_empty = torch.empty
-    monkeypatch.setattr(torch, "empty", lambda *a, pin_memory=False, **k: real_empty(*a, **k))
+    main, side = _cuda_stand_ins(monkeypatch)
     m = model(SMALL, torch.float64)
     voice, tail = random_codes(12, SMALL, seed=40), random_codes(6, SMALL, seed=41)
     e = StreamEngine(m, max_streams=3, max_step_frames=8, prefix_cache_bytes=64 << 20)
