@@ -21,14 +21,14 @@ case "${1:-}" in
 a)
   stamp "the restore's cost (bench/restore_cost.py)"
   timeout 100 python3 bench/restore_cost.py bfloat16 500 2>&1 | grep -v Warning | tee "$OUT/restore_cost.txt" | tee -a "$log"
+  prefix_levels prefix_1_new_1 1
+  [ -d _base ] && base_levels prefix_1_base_1 1
   stamp "a cached voice's first packet (bench/prefix_first_packet.py)"
   timeout 200 python3 bench/prefix_first_packet.py cuda 20 "$OUT/prefix_first_packet.trace.json" 2>&1 | grep -v Warning \
     | tee "$OUT/prefix_first_packet.txt" | grep -E "push|cache|restore|timeline|runtime calls|async" | tee -a "$log"
   gzip -f "$OUT/prefix_first_packet.trace.json"
-  for i in 1 2; do
-    prefix_levels "prefix_1_new_$i" 1
-    [ -d _base ] && base_levels "prefix_1_base_$i" 1
-  done
+  prefix_levels prefix_1_new_2 1
+  [ -d _base ] && base_levels prefix_1_base_2 1
   prefix_levels prefix_64_256 64,256
   keep_triton_cache
   ;;
