@@ -1106,6 +1106,34 @@ def test_the_slot_write_keeps_a_direct_launch_only_where_it_writes_bit_for_bit(m
             assert torch.equal(b[1], before[k][0]), (kind.__name__, k)
 
 
+def test_the_direct_launch_stands_aside_only_while_a_launch_hook_is_set():
+    """The direct launch skips Triton's launch hooks, so it runs only while none is set: read
+    from this Triton's own ``knobs``, where the hooks are an empty chain (Triton 3.6: never None)
+    or None until one is set. A hook added (a profiler's) turns it off; removed, on again."""
+    knobs = pytest.importorskip("triton.knobs")
+    from code2wav.kernels.slot_copy import hooks_set
+
+    runtime = knobs.runtime
+    assert not hooks_set(knobs)
+
+    def hook(*args):
+        pass
+
+    if hasattr(runtime.launch_enter_hook, "add"):  # a HookChain
+        runtime.launch_enter_hook.add(hook)
+        try:
+            assert hooks_set(knobs)
+        finally:
+            runtime.launch_enter_hook.remove(hook)
+    else:
+        runtime.launch_enter_hook = hook
+        try:
+            assert hooks_set(knobs)
+        finally:
+            runtime.launch_enter_hook = None
+    assert not hooks_set(knobs)
+
+
 def test_a_stream_restored_by_the_slot_write_kernel_equals_the_forward(monkeypatch):
     """A cache hit through the one-launch restore, then decoding: the whole-utterance forward's
     audio (float32 through the Triton kernels on CPU)."""

@@ -140,10 +140,17 @@ class _Direct:
         return _Direct(kernel, grid, layout, knobs)
 
     def __call__(self, slot: int, flat: Tensor) -> bool:
-        hooks = self.knobs.runtime
-        if flat.data_ptr() % 16 or hooks.launch_enter_hook is not None or hooks.launch_exit_hook is not None:
+        if flat.data_ptr() % 16 or hooks_set(self.knobs):
             return False  # compiled for an aligned snapshot; a hook wants Triton's launch metadata
         L = self.layout
         stream = torch._C._cuda_getCurrentRawStream(self.device)
         self.launch(*self.grid, 1, stream, self.function, self.meta, None, None, None, L._table, flat, L._offsets, L._sizes, slot, L.nseg, BLOCK)
         return True
+
+
+def hooks_set(knobs) -> bool:
+    """Whether a launch hook is set in Triton's ``knobs``: a callable where Triton keeps one (or
+    None), a non-empty chain where it keeps a ``HookChain`` (Triton 3.6: never None, so "is not
+    None" is always true there)."""
+    runtime = knobs.runtime
+    return any(h is not None and bool(getattr(h, "calls", True)) for h in (runtime.launch_enter_hook, runtime.launch_exit_hook))
