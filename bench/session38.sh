@@ -8,6 +8,7 @@
 #                               kept); the record's prefix form at one stream alternating with the
 #                               tree in _base (the commit before, where present: a04bcd0), twice
 #                               each; 64 / 256 streams
+#   bash bench/session38.sh b   the restore's cost, then one stream against _base once (short)
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 base_levels() {  # the same as prefix_levels, from the tree in _base
@@ -32,6 +33,12 @@ a)
   prefix_levels prefix_64_256 64,256
   keep_triton_cache
   ;;
+b)  # what little device time is left: whether the direct launch is in use now, then one stream
+  stamp "the restore's cost (bench/restore_cost.py)"
+  timeout 60 python3 bench/restore_cost.py bfloat16 300 2>&1 | grep -v Warning | tee "$OUT/restore_cost.txt" | tee -a "$log"
+  prefix_levels prefix_1_new_1 1
+  [ -d _base ] && base_levels prefix_1_base_1 1
+  ;;
 *)
-  echo "usage: bash bench/session38.sh a" >&2; exit 2 ;;
+  echo "usage: bash bench/session38.sh a|b" >&2; exit 2 ;;
 esac
