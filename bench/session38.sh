@@ -9,6 +9,7 @@
 #                               tree in _base (the commit before, where present: a04bcd0), twice
 #                               each; 64 / 256 streams
 #   bash bench/session38.sh b   the restore's cost, then one stream against _base once (short)
+# _base (ignored; carry it): `mkdir _base && git archive a04bcd0 code2wav | tar -x -C _base`.
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 base_levels() {  # the same as prefix_levels, from the tree in _base
