@@ -120,8 +120,10 @@ def test_a_stream_ended_before_its_restore_leaves_nothing_behind():
         engine = StreamEngine(m, max_streams=1, prefix_cache_bytes=64 << 20)
         stream_alone(engine, "warm", torch.cat([voice, tail]), 20, 2, [2])
         engine.open("gone", voice)
+        gone = engine._streams["gone"]
+        assert gone.cached is not None  # found when it opened
         engine.abort("gone")
-        assert not engine._opened
+        assert not engine._opened and gone.cached is None  # nor held by the ended stream
         engine.open("fresh")
         engine.restore_opened()
         got = engine.push("fresh", tail)

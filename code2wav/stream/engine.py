@@ -111,6 +111,7 @@ class StreamEngine(Lifecycle):
         with self._lock:
             super()._release(st, how)
             self._opened.pop(st.request_id, None)  # only open streams are there: this one, if any
+            st.cached = None  # a state found at open and never restored is not held past the stream's end
 
     def restore_opened(self) -> None:
         """Start each stream opened with a cached prefix since the last call from that state now,
