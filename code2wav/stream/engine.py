@@ -75,7 +75,7 @@ class StreamEngine(Lifecycle):
                                cache=PrefixCache(prefix_cache_bytes, model.config.codebook_size) if prefix_cache_bytes else None)
         self._events: list[Any] = []  # CUDA timing events, reused once their step has landed
         self._order = SlotOrder()  # each slot's last work, where the runner has a second (priority) stream
-        self._opened: dict[str, Stream] = {}  # opened with a prefix, not looked up yet (restore_opened)
+        self._opened: dict[str, Stream] = {}  # found in the prefix cache at open, not in their slots yet (restore_opened)
         # float16 (the conv stack's or the low-rate stages') can overflow where bfloat16 and
         # float32 cannot: each row's audio is then checked on the step's device (_outputs).
         self.overflows = torch.float16 in (model.dtype, model.low_rate_dtype)
@@ -105,7 +105,8 @@ class StreamEngine(Lifecycle):
         st.prefix = prefix  # prefilled with every other waiting stream at its first step
         if self.prefill.cache is not None:  # unless cached: looked up now (host work, off the first packet)
             st.cached = self.prefill.cache.get(prefix, count_miss=False)
-            self._opened[st.request_id] = st  # restore_opened may write it in before its first step
+            if st.cached is not None:
+                self._opened[st.request_id] = st  # restore_opened may write it in before its first step
 
     def _release(self, st: Stream, how: str) -> None:
         with self._lock:
@@ -116,8 +117,8 @@ class StreamEngine(Lifecycle):
     def restore_opened(self) -> None:
         """Start each stream opened with a cached prefix since the last call from that state now,
         on the stepping thread while idle (the async engine's worker after an open): its first
-        packet then costs what a fresh stream's does. A prefix not cached waits for the first
-        chunk, to be prefilled with the streams joining then (and counted as a miss there)."""
+        packet then costs what a fresh stream's does. A prefix not found at open waits for the
+        first chunk, to be looked up again there and, if still missing, prefilled with the streams joining then (and counted as a miss there)."""
         if not self._opened:  # read without the lock: set only under it
             return
         with self._lock:
@@ -126,7 +127,7 @@ class StreamEngine(Lifecycle):
             self.zero_released()  # a slot given back is zeroed before its new owner's state goes in
             with self._before_first_step([st.slot for st in opened]):
                 for st in opened:
-                    self.prefill.restore(st, count_miss=False)
+                    self.prefill.restore(st)
 
     @property
     def slots_in_use(self) -> int:

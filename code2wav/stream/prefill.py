@@ -71,11 +71,10 @@ class Prefill:
             self.cache.put(codes, self.pool.snapshot(st.slot))
         return prefilled
 
-    def restore(self, st: Stream, count_miss: bool = True) -> bool:
+    def restore(self, st: Stream) -> bool:
         """Start ``st`` from the cached state of its prefix (and clear the prefix), if the cache
-        held it when the stream opened (``st.cached``) or holds it now; returns whether it did.
-        ``count_miss``: see ``PrefixCache.get``."""
-        state = st.cached if st.cached is not None else self.cache.get(st.prefix, count_miss) if self.cache is not None else None
+        held it when the stream opened (``st.cached``) or holds it now; returns whether it did."""
+        state = st.cached if st.cached is not None else self.cache.get(st.prefix) if self.cache is not None else None
         if state is None:
             return False
         self.pool.restore(st.slot, state)
