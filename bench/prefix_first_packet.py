@@ -118,16 +118,15 @@ def through_async_engine(engine, kinds: dict, first, second, pairs: int) -> None
 
     from code2wav.engine.async_engine import AsyncEngine
 
-    marks: dict[str, list[float]] = {"restore": [], "restored": [], "decode": []}
+    marks: dict[str, list[tuple[float, float]]] = {"restore": [], "decode": []}  # (start, end) of each call
 
     def timed(name: str, fn):
         def wrapper(*args, **kwargs):
-            marks[name].append(time.perf_counter())
+            t = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
-                if name == "restore":
-                    marks["restored"].append(time.perf_counter())
+                marks[name].append((t, time.perf_counter()))
 
         return wrapper
 
@@ -152,10 +151,10 @@ def through_async_engine(engine, kinds: dict, first, second, pairs: int) -> None
                     await fut
                     row = {"first packet": landed[0] - t0}
                     if marks["restore"]:  # the last idle work before the decode (the open's)
-                        row["restore starts"] = marks["restore"][-1] - t0
-                        row["restore takes"] = marks["restored"][-1] - marks["restore"][-1]
+                        start, end = marks["restore"][-1]
+                        row["restore starts"], row["restore takes"] = start - t0, end - start
                     if marks["decode"]:
-                        row["decode starts"] = marks["decode"][0] - t0
+                        row["decode starts"] = marks["decode"][0][0] - t0
                     if i >= 5:
                         rows[kind].append(row)
                     await eng.push(rid, second)

@@ -12,12 +12,8 @@
 # _base (ignored; carry it): `mkdir _base && git archive a04bcd0 code2wav | tar -x -C _base`.
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
-base_levels() {  # the same as prefix_levels, from the tree in _base
-  stamp "sustained $2 from _base: no prefix, a cached 200-frame prefix ($1)"
-  (cd _base && PYTHONPATH="$PWD:/tmp/site" timeout 200 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels "$2" \
-    --prefix 0,200 --voices 8 --seconds 3 --set prefix_cache_bytes=1000000000 --out "$OUT/$1" 2>&1) \
-    | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/$1.txt" | grep -A5 "^mode" | tee -a "$log"
-  rm -f "$OUT/$1/plot.png"
+base_levels() {  # prefix_levels, from the tree in _base
+  (cd _base && export PYTHONPATH="$PWD:/tmp/site" && prefix_levels "$@")
 }
 case "${1:-}" in
 a)
