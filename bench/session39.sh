@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Session 39 (repo root on the device), for little device time: whether the restore's direct
+# launch is in use now (bench/restore_cost.py); a cached voice's first push beside a fresh
+# stream's, synchronously and through the async engine with the worker's restore and decode
+# marked from the push (bench/prefix_first_packet.py); the record's prefix form at one stream,
+# this tree then the one in _base (a04bcd0: `mkdir _base && git archive a04bcd0 code2wav | tar -x -C _base`).
+source bench/device_env.sh
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
+stamp "the restore's cost (bench/restore_cost.py)"
+timeout 60 python3 bench/restore_cost.py bfloat16 300 2>&1 | grep -v Warning | tee "$OUT/restore_cost.txt" | tee -a "$log"
+stamp "a cached voice's first packet (bench/prefix_first_packet.py)"
+timeout 120 python3 bench/prefix_first_packet.py cuda 20 "$OUT/prefix_first_packet.trace.json" 2>&1 | grep -v Warning \
+  | tee "$OUT/prefix_first_packet.txt" | grep -E "push|cache|restore|timeline|runtime calls|async" | tee -a "$log"
+gzip -f "$OUT/prefix_first_packet.trace.json"
+prefix_levels prefix_1_new 1
+[ -d _base ] && (cd _base && export PYTHONPATH="$PWD:/tmp/site" && prefix_levels prefix_1_base 1)
+# The service at one stream on a kept connection, from a client process: no prefix, then a
+# 200-frame prefix from 8 voices (the cache on), alternating twice (where users meet the first
+# packet: the start message opens the stream, the frames come in the next).
+stamp "the service at one stream: no prefix / a cached 200-frame prefix"
+loads='for spec in "0" "200 --voices 8" "0" "200 --voices 8"; do
+  echo "=== service: 1 x 1, prefix $spec"; timeout 30 python3 bench/service_load.py http://127.0.0.1:8091 1 1 6 --reuse-connections --prefix $spec \
+  | tee -a '"$OUT"'/service_prefix.jsonl | grep -o "\"throughput_x\": [0-9.]*, \"ttfp_p50_ms\": [0-9.]*"; done'
+timeout 150 python3 bench/cold_start.py serve --then "$loads" --device cuda --dtype bfloat16 --max-streams 16 \
+  --set prefix_cache_bytes=1000000000 2>&1 | tee "$OUT/service_prefix.txt" | grep -v '^{"' | tee -a "$log"
+keep_triton_cache
