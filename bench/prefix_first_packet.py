@@ -3,7 +3,8 @@ one engine (graphs on CUDA, the prefix cache on), streams opened one at a time, 
 fresh stream and one whose 200-frame prefix is cached; for each, the first one-frame push
 (admission, the cache lookup and restore, the step, the audio back) and the second 25-frame one
 timed on the host; the lookup and the restore alone; then the same streams under torch.profiler (the host's ops and the GPU's kernels, per kind). argv: [device,
-default cuda] [pairs, default 100] [trace path, optional]. A third kind, "ahead", restores the
+default cuda] [pairs, default 100] [trace path, optional] [``in_step``: the cached state written inside the
+first step, ``EngineConfig.restores_in_step``]. A third kind, "ahead", restores the
 cached state before the first push (``restore_opened`` right after ``open``, as the async engine's
 worker does while idle, and waited for): a talker that opens its stream before its first frames
 exist. The profiled first pushes are laid out in time (the trace): from the push's start, when
@@ -33,7 +34,9 @@ def main() -> int:
     pairs = int(sys.argv[2]) if len(sys.argv) > 2 else 100
     dtype = "bfloat16" if device.startswith("cuda") else "float32"
     # As the bench builds its engine at one stream (code2wav.bench.run): one slot, 32-frame pieces.
-    engine = build_engine(EngineConfig(device=device, dtype=dtype, max_streams=1, max_step_frames=32, prefix_cache_bytes=10**9))
+    in_step = len(sys.argv) > 4 and sys.argv[4] == "in_step"  # EngineConfig.restores_in_step
+    engine = build_engine(EngineConfig(device=device, dtype=dtype, max_streams=1, max_step_frames=32, prefix_cache_bytes=10**9,
+                                       restores_in_step=in_step))
     rng = np.random.default_rng(0)
     voice, first, second = rng.integers(0, 2048, (PREFIX, 16)), rng.integers(0, 2048, (1, 16)), rng.integers(0, 2048, (25, 16))
     n = 0

@@ -1,18 +1,28 @@
 #!/usr/bin/env bash
-# Session 39 (repo root on the device), for little device time: whether the restore's direct
-# launch is in use now (bench/restore_cost.py); a cached voice's first push beside a fresh
-# stream's, synchronously and through the async engine with the worker's restore and decode
-# marked from the push (bench/prefix_first_packet.py); the record's prefix form at one stream,
-# this tree then the one in _base (a04bcd0: `mkdir _base && git archive a04bcd0 code2wav | tar -x -C _base`).
+# Session 39 (repo root on the device), for little device time, most telling first: whether the
+# restore's direct launch is in use now (bench/restore_cost.py); a cached voice's first push
+# beside a fresh stream's, synchronously and through the async engine with the worker's restore
+# and decode marked from the push (bench/prefix_first_packet.py), with the restore's own launch
+# and then with the cached state written inside the first step (EngineConfig.restores_in_step,
+# off by default); the record's prefix form at one stream: this tree, with restores_in_step,
+# the tree in _base (a04bcd0: `mkdir _base && git archive a04bcd0 code2wav | tar -x -C _base`);
+# the service at one stream with and without a cached prefix.
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 stamp "the restore's cost (bench/restore_cost.py)"
 timeout 60 python3 bench/restore_cost.py bfloat16 300 2>&1 | grep -v Warning | tee "$OUT/restore_cost.txt" | tee -a "$log"
-stamp "a cached voice's first packet (bench/prefix_first_packet.py)"
-timeout 120 python3 bench/prefix_first_packet.py cuda 20 "$OUT/prefix_first_packet.trace.json" 2>&1 | grep -v Warning \
-  | tee "$OUT/prefix_first_packet.txt" | grep -E "push|cache|restore|timeline|runtime calls|async" | tee -a "$log"
-gzip -f "$OUT/prefix_first_packet.trace.json"
+for variant in launch in_step; do
+  stamp "a cached voice's first packet, the restore $variant (bench/prefix_first_packet.py)"
+  timeout 120 python3 bench/prefix_first_packet.py cuda 20 "$OUT/prefix_first_packet_$variant.trace.json" $variant 2>&1 | grep -v Warning \
+    | tee "$OUT/prefix_first_packet_$variant.txt" | grep -E "push|cache|restore|timeline|runtime calls|async" | tee -a "$log"
+  gzip -f "$OUT/prefix_first_packet_$variant.trace.json"
+done
 prefix_levels prefix_1_new 1
+stamp "sustained 1: no prefix, a cached 200-frame prefix, restores_in_step (prefix_1_in_step)"
+timeout 120 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 1 --prefix 0,200 --voices 8 --seconds 3 \
+  --set prefix_cache_bytes=1000000000 --set restores_in_step=true --out "$OUT/prefix_1_in_step" 2>&1 | tr "\r" "\n" | grep -v "it/s]" \
+  | tee "$OUT/prefix_1_in_step.txt" | grep -A5 "^mode" | tee -a "$log"
+rm -f "$OUT/prefix_1_in_step/plot.png"
 [ -d _base ] && (cd _base && export PYTHONPATH="$PWD:/tmp/site" && prefix_levels prefix_1_base 1)
 # The service at one stream on a kept connection, from a client process: no prefix, then a
 # 200-frame prefix from 8 voices (the cache on), alternating twice (where users meet the first

@@ -39,7 +39,7 @@ def test_a_baseline_mode_builds_a_baseline_engine(mode):
 
 def test_the_config_refuses_what_cannot_run():
     for bad in ({"mode": "fast"}, {"dtype": "int8"}, {"max_streams": 0}, {"graphs": True}, {"idle_timeout": 0.0},
-                {"priority_step_frames": -1}):
+                {"priority_step_frames": -1}, {"restores_in_step": True}):
         with pytest.raises(ValueError):
             EngineConfig(**bad)
     assert not EngineConfig().use_graphs() and not EngineConfig(device="cuda", mode="windowed").use_graphs()

@@ -1149,3 +1149,67 @@ def test_a_stream_restored_by_the_slot_write_kernel_equals_the_forward(monkeypat
     got = stream_alone(engine, "hit", torch.cat([voice, tail]), 14, 8, [1, 7])
     assert engine.prefix_cache_stats()["hits"] == 1
     assert close(got, forward_audio(m, torch.cat([voice, tail]))[14 * 1920 :], 1e-4)
+
+
+def _in_step_engine(monkeypatch, streams: int) -> tuple[StreamEngine, list[str]]:
+    """An engine whose cached states go in inside their streams' first steps (the pairs kernel
+    in Triton's interpreter), the launches of each kind recorded."""
+    from code2wav.kernels import slot_copy
+
+    monkeypatch.setattr(slot_copy, "applies", lambda device: True)
+    monkeypatch.setattr(slot_copy, "BLOCK", 1 << 15)
+    launches: list[str] = []
+    for name in ("write", "write_pairs"):
+        real = getattr(slot_copy.SlotLayout, name)
+        monkeypatch.setattr(slot_copy.SlotLayout, name, lambda self, *a, real=real, name=name: launches.append(name) or real(self, *a))
+    engine = StreamEngine(model(SMALL, torch.float32), max_streams=streams, prefix_cache_bytes=64 << 20, restores_in_step=True)
+    return engine, launches
+
+
+def test_a_cached_state_goes_in_inside_the_streams_first_step_and_equals_the_forward(monkeypatch):
+    """``restores_in_step``: a cache hit launches no restore of its own; its first step writes
+    the state from the pair in its inputs, and the stream's audio is the whole-utterance
+    forward's (float32, the Triton kernels on CPU), with a one-frame first chunk and a ragged
+    rest. A step whose inputs name no restore writes nothing (the other streams, a miss)."""
+    from tests.models import forward_audio, stream_alone
+
+    engine, launches = _in_step_engine(monkeypatch, 2)
+    m = engine.model
+    voice, tail = random_codes(14, SMALL, seed=21), random_codes(8, SMALL, seed=22)
+    codes = torch.cat([voice, tail])
+    want = forward_audio(m, codes)[14 * 1920 :]
+    assert close(stream_alone(engine, "miss", codes, 14, 8, [3, 5]), want, 1e-4)
+    assert "write" not in launches and engine.prefix_cache_stats()["misses"] == 1
+    launches.clear()
+    staged, stage = [], engine.stager.stage
+    monkeypatch.setattr(engine.stager, "stage", lambda group: staged.append(stage(group)) or staged[-1])
+    got = stream_alone(engine, "hit", codes, 14, 8, [1, 4, 3])
+    assert engine.prefix_cache_stats()["hits"] == 1
+    assert "write" not in launches and launches.count("write_pairs") == 3  # the kernel at every step's head
+    assert close(got, want, 1e-4)
+    assert len(staged) == 3 and not any(s.held for s in staged), "no snapshot held past its step"
+
+
+def test_restores_past_a_steps_pairs_are_written_just_before_it(monkeypatch):
+    """Three cached streams whose first chunks share a step that carries two restore pairs: two
+    go in as pairs, the third by a launch of its own before the step; each stream's audio is
+    the forward's."""
+    from code2wav.stream import pool
+    from tests.models import forward_audio
+
+    monkeypatch.setattr(pool, "RESTORES", 2)
+    engine, launches = _in_step_engine(monkeypatch, 3)
+    m = engine.model
+    voice = random_codes(12, SMALL, seed=31)
+    tails = {f"s{i}": random_codes(6, SMALL, seed=40 + i) for i in range(3)}
+    engine.open("warm", voice)
+    engine.push("warm", tails["s0"][:1])
+    engine.finish("warm")
+    launches.clear()
+    for rid in tails:
+        engine.open(rid, voice)
+    out = engine.decode({rid: t[:2] for rid, t in tails.items()})
+    rest = engine.decode({rid: t[2:] for rid, t in tails.items()})
+    assert launches.count("write") == 1 and engine.prefix_cache_stats()["hits"] == 3
+    for rid, t in tails.items():
+        assert close(torch.cat([out[rid], rest[rid]]), forward_audio(m, torch.cat([voice, t]))[12 * 1920 :], 1e-4), rid

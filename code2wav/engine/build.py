@@ -67,6 +67,10 @@ class EngineConfig:
     # Prefilled reference-prefix states kept for streams that open with the same prefix, in bytes
     # (0: no cache). A hit copies the state instead of running the prefill (stream/prefix_cache.py).
     prefix_cache_bytes: int = 0
+    # With the cache on (CUDA with Triton): a cached state written inside its stream's first step
+    # (restore pairs in the step's inputs, read by a kernel at every step's head) instead of by a
+    # launch of its own before it. Off until measured on a GPU.
+    restores_in_step: bool = False
     # -- the async engine
     max_pending_chunks: int = 16  # chunks one stream may have queued (more: queue_full)
 
@@ -89,6 +93,8 @@ class EngineConfig:
                 raise ValueError(f"{name} must be positive, got {value}")
         if self.idle_timeout is not None and self.idle_timeout <= 0:
             raise ValueError(f"idle_timeout must be positive or None, got {self.idle_timeout}")
+        if self.restores_in_step and not self.on_cuda:
+            raise ValueError("restores_in_step needs a CUDA device (its kernel is Triton's)")
         if self.graphs and not self.on_cuda:
             raise ValueError("graphs=True needs a CUDA device")
 
@@ -131,7 +137,7 @@ def build_engine(cfg: EngineConfig, model: Decoder | None = None, capture: bool 
               else EagerRunner(model, pool))
     engine = StreamEngine(model, runner=runner, max_step_frames=cfg.step_frames(), max_batch_frames=cfg.batch_frames(),
                           idle_timeout=cfg.idle_timeout, max_prefix_frames=cfg.max_prefix_frames, policy=cfg.schedule,
-                          prefix_cache_bytes=cfg.prefix_cache_bytes)
+                          prefix_cache_bytes=cfg.prefix_cache_bytes, restores_in_step=cfg.restores_in_step)
     if graphs and capture:
         runner.capture(engine.prefill_shapes())  # type: ignore[union-attr]
     return engine

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from code2wav.kernels import instant
 from code2wav.model.decoder import Decoder
-from code2wav.stream.pool import StatePool, packed_base, packed_inputs
+from code2wav.stream.pool import StatePool, packed_base, packed_inputs, restore_pairs
 from code2wav.stream.runner import EagerRunner
 
 DEFAULT_FRAMES = (1, 2, 4, 8, 16, 25, 32)
@@ -267,17 +267,23 @@ class GraphRunner(EagerRunner):
         if staged is not None:  # the engine staged the step at the graph's shape: one copy up
             g.packed.copy_(staged, non_blocking=True)
             return self._replay(g, shape, n_new, B, T)
+        q = codes.shape[1]
         if codes.is_cuda:  # device inputs (the bench's profiles): the graph's own, reset in place
-            host, (codes_in, slots_in, n_in) = None, g.inputs
+            host, (codes_in, slots_in, n_in), pairs_in = None, g.inputs, restore_pairs(g.packed, shape[0], q, shape[1])
             codes_in.zero_()
             slots_in.fill_(self.pool.scratch_slot)
             n_in.zero_()
+            pairs_in.zero_()
         else:  # host inputs of another shape: padded on the host, then one copy up (the caching
             #    host allocator keeps the pinned buffer until that copy has run)
-            host, codes_in, slots_in, n_in = packed_inputs(*shape, self.pool.scratch_slot, pin_memory=True, q=codes.shape[1])
+            host, codes_in, slots_in, n_in = packed_inputs(*shape, self.pool.scratch_slot, pin_memory=True, q=q)
+            pairs_in = restore_pairs(host, shape[0], q, shape[1])
         codes_in[:B, :, :T].copy_(codes)
         slots_in[:B].copy_(slots)
         n_in[:B].copy_(n_new)
+        source = packed_base(codes, slots, n_new)
+        if source is not None:  # staged at another shape: its restores too
+            pairs_in.copy_(restore_pairs(source, B, q, T))
         if host is not None:
             g.packed.copy_(host, non_blocking=True)
         return self._replay(g, shape, n_new, B, T)

@@ -58,6 +58,7 @@ class StreamEngine(Lifecycle):
         policy: SchedulePolicy | None = None,
         bucket_prefill: bool | None = None,
         prefix_cache_bytes: int = 0,
+        restores_in_step: bool = False,
     ):
         if runner is None:
             runner = EagerRunner(model, StatePool(model, 64 if max_streams is None else max_streams))
@@ -69,10 +70,12 @@ class StreamEngine(Lifecycle):
         self.max_step_frames = max_step_frames
         self.max_batch_frames = max(max_batch_frames, max_step_frames)
         self.scheduler = Scheduler(policy or SchedulePolicy(), self._piece(), self._max_rows)
-        self.stager = Stager(runner.padded_shape, self.pool.scratch_slot, self.cfg.num_quantizers, pin=self.device.type == "cuda")
         self.prefill = Prefill(runner, max_step_frames, self.max_batch_frames,
                                bucket=self.device.type == "cuda" if bucket_prefill is None else bucket_prefill,
-                               cache=PrefixCache(prefix_cache_bytes, model.config.codebook_size) if prefix_cache_bytes else None)
+                               cache=PrefixCache(prefix_cache_bytes, model.config.codebook_size) if prefix_cache_bytes else None,
+                               in_step=restores_in_step and prefix_cache_bytes > 0)
+        self.stager = Stager(runner.padded_shape, self.pool.scratch_slot, self.cfg.num_quantizers, pin=self.device.type == "cuda",
+                             restore=self.pool.restore if self.prefill.in_step else None)
         self._events: list[Any] = []  # CUDA timing events, reused once their step has landed
         self._order = SlotOrder()  # each slot's last work, where the runner has a second (priority) stream
         self._opened: dict[str, Stream] = {}  # found in the prefix cache at open, not in their slots yet (restore_opened)
@@ -105,7 +108,7 @@ class StreamEngine(Lifecycle):
         st.prefix = prefix  # prefilled with every other waiting stream at its first step
         if self.prefill.cache is not None:  # unless cached: looked up now (host work, off the first packet)
             st.cached = self.prefill.cache.get(prefix, count_miss=False)
-            if st.cached is not None:
+            if st.cached is not None and not self.prefill.in_step:
                 self._opened[st.request_id] = st  # restore_opened may write it in before its first step
 
     def _release(self, st: Stream, how: str) -> None:
@@ -340,6 +343,7 @@ class StreamEngine(Lifecycle):
                         if priority is not None:
                             self._order.wait(slots, stream)
                         start.record(stream)
+                        self.stager.restore_left(staged)
                         wav = self.runner(staged.codes, staged.slots, staged.n_new)[: len(group), : max(group.pieces) * spf]
                         outs, sums = self._outputs(wav, group, staged.n_new)
                         host = lambda w: torch.empty(w.shape, dtype=w.dtype, pin_memory=True).copy_(w, non_blocking=True)  # noqa: E731
@@ -350,6 +354,7 @@ class StreamEngine(Lifecycle):
                         self._order.touched(slots, stream, end)
                 else:
                     stream, start = None, time.perf_counter()
+                    self.stager.restore_left(staged)
                     wav = self.runner(staged.codes, staged.slots, staged.n_new)[: len(group), : max(group.pieces) * spf]
                     outs, sums = self._outputs(wav, group, staged.n_new)
                     end = time.perf_counter()

@@ -11,29 +11,39 @@ from code2wav.kernels import slot_copy
 from code2wav.model.decoder import Decoder
 from code2wav.model.streaming import Step
 
+RESTORES = 8  # (snapshot address, slot) pairs a step's inputs carry (StatePool.restores_in_step)
+
 
 def packed_inputs(b: int, t: int, scratch_slot: int, device: torch.device | str | None = None,
                   pin_memory: bool = False, q: int = 16) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """One int64 buffer holding a (b, t) step's codes [b, q, t], slots [b] and n_new [b], and
-    those three views of it, set to an empty step (zero codes, scratch slots, no new frames).
-    A step's inputs then go up in one copy, not three (or six small ops before a replay)."""
-    buf = torch.empty(b * q * t + 2 * b, dtype=torch.long, device=device, pin_memory=pin_memory)
+    """One int64 buffer holding a (b, t) step's codes [b, q, t], slots [b] and n_new [b], then
+    ``RESTORES`` restore pairs (``restore_pairs``), and the first three views of it, set to an
+    empty step (zero codes, scratch slots, no new frames, no restores). A step's inputs then go
+    up in one copy, not three (or six small ops before a replay)."""
+    buf = torch.empty(b * q * t + 2 * b + 2 * RESTORES, dtype=torch.long, device=device, pin_memory=pin_memory)
     codes, slots, n_new = packed_views(buf, b, q, t)
+    pairs = restore_pairs(buf, b, q, t)
     # On the host through numpy: a torch op costs microseconds of dispatch on the step's host path.
-    empty_step(*((codes, slots, n_new) if buf.is_cuda else (codes.numpy(), slots.numpy(), n_new.numpy())), scratch_slot)
+    empty_step(*((codes, slots, n_new, pairs) if buf.is_cuda else (codes.numpy(), slots.numpy(), n_new.numpy(), pairs.numpy())), scratch_slot)
     return buf, codes, slots, n_new
 
 
 def packed_views(buf: Tensor, b: int, q: int, t: int) -> tuple[Tensor, Tensor, Tensor]:
     """The codes [b, q, t], slots [b] and n_new [b] views of a ``packed_inputs`` buffer."""
     n = b * q * t
-    return buf[:n].view(b, q, t), buf[n : n + b], buf[n + b :]
+    return buf[:n].view(b, q, t), buf[n : n + b], buf[n + b : n + 2 * b]
 
 
-def empty_step(codes, slots, n_new, scratch_slot: int) -> None:
+def restore_pairs(buf: Tensor, b: int, q: int, t: int) -> Tensor:
+    """The ``[RESTORES, 2]`` (snapshot address, slot) view of a ``packed_inputs`` buffer: slots
+    the step writes from a snapshot before its forward (address 0: none)."""
+    return buf[b * q * t + 2 * b :].view(RESTORES, 2)
+
+
+def empty_step(codes, slots, n_new, pairs, scratch_slot: int) -> None:
     """Set a step's inputs (tensors or numpy arrays) to no work: zero codes, every row on the
-    scratch slot with no new frames."""
-    codes[...], slots[...], n_new[...] = 0, scratch_slot, 0
+    scratch slot with no new frames, no restores."""
+    codes[...], slots[...], n_new[...], pairs[...] = 0, scratch_slot, 0, 0
 
 
 def packed_base(codes: Tensor, slots: Tensor, n_new: Tensor) -> Tensor | None:
@@ -45,7 +55,7 @@ def packed_base(codes: Tensor, slots: Tensor, n_new: Tensor) -> Tensor | None:
     b, n = codes.shape[0], codes.numel()
     at, size = base.data_ptr(), base.element_size()
     laid_out = (
-        base.numel() == n + 2 * b and codes.is_contiguous() and codes.data_ptr() == at
+        base.numel() == n + 2 * b + 2 * RESTORES and codes.is_contiguous() and codes.data_ptr() == at
         and slots.shape == n_new.shape == (b,) and slots.data_ptr() == at + n * size and n_new.data_ptr() == at + (n + b) * size
     )
     return base if laid_out else None
@@ -99,6 +109,7 @@ class StatePool:
         # to one launch per tensor); built once, so zeroing a slot builds no views.
         self._rows = [([b[s : s + 1] for b in self.buffers.values()], self.position[s : s + 1]) for s in range(rows)]
         self._layout: slot_copy.SlotLayout | None = None  # built at the first snapshot (prefix cache only)
+        self.restores_in_step = False  # see enable_restores_in_step
 
     @property
     def bytes_per_stream(self) -> int:
@@ -185,18 +196,36 @@ class StatePool:
         position.copy_(state.rows["position"], non_blocking=True)
 
     def _inputs(self, x: Tensor, slots: Tensor, n_new: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        # A no-op for device tensors (so a pass stays pure device work with static shapes: what
-        # a CUDA graph captures); asynchronous from pinned memory, in one copy where the three
-        # are views of one staged buffer.
-        staged = packed_base(x, slots, n_new) if x.device != self.device else None
+        return self._packed(x, slots, n_new)[:3]
+
+    def _packed(self, x: Tensor, slots: Tensor, n_new: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """The inputs on the device, and their restore pairs where they are a ``packed_inputs``
+        buffer (else None). A no-op for device tensors (so a pass stays pure device work with
+        static shapes: what a CUDA graph captures); asynchronous from pinned memory, in one copy
+        where they are views of one staged buffer."""
+        staged = packed_base(x, slots, n_new)
         if staged is not None:
-            return packed_views(staged.to(self.device, non_blocking=True), *x.shape)
-        return x.to(self.device, non_blocking=True), slots.to(self.device, non_blocking=True), n_new.to(self.device, non_blocking=True)
+            up = staged.to(self.device, non_blocking=True)
+            return *packed_views(up, *x.shape), restore_pairs(up, *x.shape)
+        return x.to(self.device, non_blocking=True), slots.to(self.device, non_blocking=True), n_new.to(self.device, non_blocking=True), None
+
+    def enable_restores_in_step(self) -> None:
+        """From now on each step first writes the slots its inputs' restore pairs name from their
+        snapshots (``StatePool.run``; the engine's stager fills the pairs): a cached prefix's
+        state then goes in inside its first step, with no launch of its own on the first
+        packet's path. CUDA with Triton only (``slot_copy.applies``); compiles the kernel now."""
+        if not slot_copy.applies(self.device):
+            raise ValueError("restores inside a step need CUDA with Triton")
+        self.layout.write_pairs(torch.zeros(RESTORES, 2, dtype=torch.long, device=self.device))
+        self.restores_in_step = True
 
     @torch.no_grad()
     def run(self, model: Decoder, codes: Tensor, slots: Tensor, n_new: Tensor) -> Tensor:
-        """One streaming step of ``model`` over rows ``slots``; advances their positions."""
-        codes, slots, n_new = self._inputs(codes, slots, n_new)
+        """One streaming step of ``model`` over rows ``slots``; advances their positions. With
+        ``restores_in_step``, first the restores of its inputs' pairs (``restore_pairs``)."""
+        codes, slots, n_new, pairs = self._packed(codes, slots, n_new)
+        if pairs is not None and self.restores_in_step:
+            self.layout.write_pairs(pairs)
         step = Step(self.buffers, slots, n_new, self.position.index_select(0, slots))
         wav = model(codes, step)
         self.position.index_add_(0, slots, n_new)

@@ -35,9 +35,12 @@ def prefill_shapes(back_context: int, max_step_frames: int, group_rows: int) -> 
 
 
 class Prefill:
-    """``cache``: prefilled states kept for streams opening with the same prefix (None: none)."""
+    """``cache``: prefilled states kept for streams opening with the same prefix (None: none).
+    ``in_step``: a cached state is left on ``Stream.cached`` for the stream's first step to write
+    in (``Stager``'s restore pairs) instead of written here."""
 
-    def __init__(self, runner: Runner, max_step_frames: int, max_batch_frames: int, bucket: bool, cache: PrefixCache | None = None):
+    def __init__(self, runner: Runner, max_step_frames: int, max_batch_frames: int, bucket: bool, cache: PrefixCache | None = None,
+                 in_step: bool = False):
         self.runner, self.pool, model = runner, runner.pool, runner.model
         self.q = model.config.num_quantizers
         self.back_context = model.back_context_frames()
@@ -45,6 +48,9 @@ class Prefill:
         self.rows = prefill_rows(max_batch_frames, self.back_context, self.pool.max_streams)
         self.bucket = bucket
         self.cache = cache
+        self.in_step = in_step
+        if in_step:  # compiles the kernel a step's head runs, before any graph captures it
+            self.pool.enable_restores_in_step()
         self.device = self.pool.device
 
     def shapes(self) -> list[tuple[str, int, int]]:
@@ -73,12 +79,14 @@ class Prefill:
 
     def restore(self, st: Stream) -> bool:
         """Start ``st`` from the cached state of its prefix (and clear the prefix), if the cache
-        held it when the stream opened (``st.cached``) or holds it now; returns whether it did."""
+        held it when the stream opened (``st.cached``) or holds it now: written into its slot now,
+        or with ``in_step`` kept on ``st.cached`` for its first step. Returns whether it did."""
         state = st.cached if st.cached is not None else self.cache.get(st.prefix) if self.cache is not None else None
         if state is None:
             return False
-        self.pool.restore(st.slot, state)
-        st.prefix = st.cached = None
+        st.prefix, st.cached = None, state if self.in_step else None
+        if not self.in_step:
+            self.pool.restore(st.slot, state)
         return True
 
     def _prefill(self, streams: list[Stream]) -> None:

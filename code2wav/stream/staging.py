@@ -12,12 +12,13 @@ packet's path than writing the inputs.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from torch import Tensor
 
-from code2wav.stream.pool import empty_step, packed_inputs
+from code2wav.stream.pool import empty_step, packed_inputs, restore_pairs
 from code2wav.stream.schedule import Group
 
 PaddedShape = Callable[[int, int], "tuple[int, int] | None"]
@@ -31,19 +32,26 @@ class Staged:
     codes: Tensor
     slots: Tensor
     n_new: Tensor
-    arrays: tuple[np.ndarray, np.ndarray, np.ndarray]
+    arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # codes, slots, n_new, restore pairs
+    held: list[Any] = field(default_factory=list)  # snapshots its pairs point at, alive until its step has run
+    restore_left: list[tuple[int, Any]] = field(default_factory=list)  # (slot, snapshot) its pairs had no room for
 
     @classmethod
     def new(cls, b: int, t: int, scratch_slot: int, q: int, pin: bool) -> "Staged":
-        _, codes, slots, n_new = packed_inputs(b, t, scratch_slot, pin_memory=pin, q=q)
-        return cls((b, t), codes, slots, n_new, (codes.numpy(), slots.numpy(), n_new.numpy()))
+        buf, codes, slots, n_new = packed_inputs(b, t, scratch_slot, pin_memory=pin, q=q)
+        return cls((b, t), codes, slots, n_new, (codes.numpy(), slots.numpy(), n_new.numpy(), restore_pairs(buf, b, q, t).numpy()))
 
 
 class Stager:
-    """Stages groups; keeps the buffers of a runner's padded shapes (few) for reuse."""
+    """Stages groups; keeps the buffers of a runner's padded shapes (few) for reuse.
+    ``restore`` (``StatePool.restore``, where the pool has ``restores_in_step``): a stream's
+    cached state (``Stream.cached``) goes in inside its first step, as a restore pair of the
+    step's inputs; where a step's pairs are all taken, by ``restore`` just before it."""
 
-    def __init__(self, padded_shape: PaddedShape, scratch_slot: int, num_quantizers: int, pin: bool):
+    def __init__(self, padded_shape: PaddedShape, scratch_slot: int, num_quantizers: int, pin: bool,
+                 restore: Callable[[int, Any], None] | None = None):
         self.padded_shape, self.scratch_slot, self.q, self.pin = padded_shape, scratch_slot, num_quantizers, pin
+        self.restore = restore
         self._free: dict[tuple[int, int], list[Staged]] = {}
 
     def stage(self, group: Group) -> Staged:
@@ -52,18 +60,47 @@ class Stager:
         free = self._free.get((b, t))
         reused = bool(free)
         staged = free.pop() if reused else Staged.new(b, t, self.scratch_slot, self.q, self.pin)
-        codes, slots, n_new = staged.arrays
+        codes, slots, n_new, pairs = staged.arrays
         # A reused buffer goes back to an empty step first, unless this group writes all of it
         # (a lone stream's step at its own bucket's shape, the first packet's usual case).
         if reused and (len(group) < b or min(group.pieces) < t):
-            empty_step(codes, slots, n_new, self.scratch_slot)
+            empty_step(codes, slots, n_new, pairs, self.scratch_slot)
+        elif reused:
+            pairs[...] = 0
         for j, (r, k) in enumerate(zip(group.rows, group.pieces)):
             codes[j, :, :k] = r.frames.numpy()[r.done : r.done + k].T
         slots[: len(group)] = [r.slot for r in group.rows]
         n_new[: len(group)] = group.pieces
+        if self.restore is not None:
+            self._restores(group, staged)
         return staged
 
+    def restore_left(self, staged: Staged) -> None:
+        """The cached states ``staged``'s pairs had no room for: call on the step's CUDA stream,
+        just before the step."""
+        for slot, state in staged.restore_left:
+            self.restore(slot, state)  # type: ignore[misc]
+
+    @staticmethod
+    def _restores(group: Group, staged: Staged) -> None:
+        """Each row whose stream still waits for its cached state: a restore pair (the snapshot
+        held until the step has run), or, past the step's pairs (``RESTORES``), ``restore_left``."""
+        pairs = staged.arrays[3]
+        for r in group.rows:
+            st = r.stream
+            if st.cached is None:
+                continue
+            if len(staged.held) < len(pairs):
+                pairs[len(staged.held)] = st.cached.flat.data_ptr(), st.slot
+                staged.held.append(st.cached)
+            else:
+                staged.restore_left.append((st.slot, st.cached))
+            st.cached = None
+
     def landed(self, staged: Staged) -> None:
-        """Its step's copy up is done: keep the buffer if it has a runner's padded shape."""
+        """Its step has run: drop the snapshots it held; keep the buffer if it has a runner's
+        padded shape."""
+        staged.held.clear()
+        staged.restore_left.clear()
         if self.padded_shape(*staged.shape) == staged.shape:
             self._free.setdefault(staged.shape, []).append(staged)
