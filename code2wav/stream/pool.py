@@ -216,7 +216,9 @@ class StatePool:
         packet's path. CUDA with Triton only (``slot_copy.applies``); compiles the kernel now."""
         if not slot_copy.applies(self.device):
             raise ValueError("restores inside a step need CUDA with Triton")
-        self.layout.write_pairs(torch.zeros(RESTORES, 2, dtype=torch.long, device=self.device))
+        zeros = torch.zeros(2 * RESTORES + 1, dtype=torch.long, device=self.device)
+        for at in (0, 1):  # pairs start 16- or only 8-byte aligned in a step's inputs: both of Triton's variants
+            self.layout.write_pairs(zeros[at : at + 2 * RESTORES].view(RESTORES, 2))
         self.restores_in_step = True
 
     @torch.no_grad()
