@@ -7,16 +7,20 @@
 # off by default); the record's prefix form at one stream: this tree, with restores_in_step,
 # the tree in _base (a04bcd0: `mkdir _base && git archive a04bcd0 code2wav | tar -x -C _base`);
 # the service at one stream with and without a cached prefix.
+# `bash bench/session39.sh short`: the two first-push runs alone (what ~90 s of device time holds).
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
-stamp "the restore's cost (bench/restore_cost.py)"
-timeout 60 python3 bench/restore_cost.py bfloat16 300 2>&1 | grep -v Warning | tee "$OUT/restore_cost.txt" | tee -a "$log"
+if [ "${1:-}" != short ]; then
+  stamp "the restore's cost (bench/restore_cost.py)"
+  timeout 60 python3 bench/restore_cost.py bfloat16 300 2>&1 | grep -v Warning | tee "$OUT/restore_cost.txt" | tee -a "$log"
+fi
 for variant in launch in_step; do
   stamp "a cached voice's first packet, the restore $variant (bench/prefix_first_packet.py)"
   timeout 120 python3 bench/prefix_first_packet.py cuda 20 "$OUT/prefix_first_packet_$variant.trace.json" $variant 2>&1 | grep -v Warning \
     | tee "$OUT/prefix_first_packet_$variant.txt" | grep -E "push|cache|restore|timeline|runtime calls|async" | tee -a "$log"
   gzip -f "$OUT/prefix_first_packet_$variant.trace.json"
 done
+[ "${1:-}" = short ] && exit 0
 prefix_levels prefix_1_new 1
 stamp "sustained 1: no prefix, a cached 200-frame prefix, restores_in_step (prefix_1_in_step)"
 timeout 120 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 1 --prefix 0,200 --voices 8 --seconds 3 \
