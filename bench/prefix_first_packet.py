@@ -158,11 +158,15 @@ def through_async_engine(engine, kinds: dict, first, second, pairs: int) -> None
                     row = {"first packet": landed[0] - t0}
                     if kind != "ahead":  # back to back: what a caller that opens and pushes at once waits
                         row["from the open"] = landed[0] - opened
-                    if marks["restore"]:  # the last idle work before the decode (the open's)
-                        start, end = marks["restore"][-1]
+                    # Calls begun since the open (one begun before, e.g. a decode still returning
+                    # when the last stream's audio landed, is recorded as it ends: not this push's).
+                    restores = [m for m in marks["restore"] if m[0] >= opened]
+                    decodes = [m for m in marks["decode"] if m[0] >= opened]
+                    if restores:  # the last idle work before the decode (the open's)
+                        start, end = restores[-1]
                         row["restore starts"], row["restore takes"] = start - t0, end - start
-                    if marks["decode"]:
-                        row["decode starts"] = marks["decode"][0][0] - t0
+                    if decodes:
+                        row["decode starts"] = decodes[0][0] - t0
                     if i >= 5:
                         rows[kind].append(row)
                     await eng.push(rid, second)
