@@ -69,7 +69,8 @@ class EngineConfig:
     prefix_cache_bytes: int = 0
     # With the cache on (CUDA with Triton): a cached state written inside its stream's first step
     # (restore pairs in the step's inputs, read by a kernel at every step's head) instead of by a
-    # launch of its own before it. Off until measured on a GPU.
+    # launch of its own before it. Off by default until its audio is checked on a GPU (measured:
+    # BENCHMARKS.md, voice clones that repeat, session 39).
     restores_in_step: bool = False
     # -- the async engine
     max_pending_chunks: int = 16  # chunks one stream may have queued (more: queue_full)
