@@ -5,7 +5,8 @@ position apart (``restore_rows``, the default before session 36). argv: [dtype, 
 [calls, default 2000]. Output per form: us per call on the host (queued, not waited for) and on
 the GPU (CUDA events around the calls, nothing else queued), and whether it wrote the snapshot
 bit for bit. Then a stream restored from the cache against one prefilled from the same codes
-(the eager engine on CUDA): the same audio, bit for bit."""
+(on CUDA, eager and through graphs, with the restore's own launch and inside the step,
+``restores_in_step``): the same audio, bit for bit."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import time
 
 import torch
 
+from code2wav.engine.graphs import GraphRunner
 from code2wav.model.config import DecoderConfig
 from code2wav.model.init import random_decoder
 from code2wav.stream.engine import StreamEngine
@@ -59,14 +61,20 @@ def main() -> int:
             f"({len(pool.buffers)} buffers + the position); written bit for bit: {exact}",
             flush=True,
         )
-    engine = StreamEngine(m, max_streams=2, prefix_cache_bytes=1 << 30)
     codes = torch.randint(0, 2048, (60, 16), generator=torch.Generator().manual_seed(0))
-    audio = []
-    for rid in ("prefilled", "restored"):
-        engine.open(rid, codes[:40])
-        audio.append(torch.cat([engine.push(rid, codes[40:41]), engine.push(rid, codes[41:60])]))
-        engine.finish(rid)
-    print(f"a restored stream's audio == a prefilled one's: {torch.equal(*audio)} ({engine.prefix_cache_stats()})", flush=True)
+    for in_step in (False, True):
+        for graphs in (False, True):
+            engine = StreamEngine(m, max_streams=2, max_step_frames=32, prefix_cache_bytes=1 << 30, restores_in_step=in_step,
+                                  runner=GraphRunner(m, StatePool(m, 2), batch_sizes=(1,), frame_sizes=(1, 32)) if graphs else None)
+            if graphs:  # after the engine: with in_step, each graph captures the pairs kernel at its head
+                engine.runner.capture(engine.prefill_shapes())
+            audio = []
+            for rid in ("prefilled", "restored"):
+                engine.open(rid, codes[:40])
+                audio.append(torch.cat([engine.push(rid, codes[40:41]), engine.push(rid, codes[41:60])]))
+                engine.finish(rid)
+            print(f"{'graphs' if graphs else 'eager'}, restores_in_step={in_step}: a restored stream's audio == a prefilled one's: "
+                  f"{torch.equal(*audio)} ({engine.prefix_cache_stats()})", flush=True)
     return 0
 
 
