@@ -108,20 +108,21 @@ class StreamEngine(Lifecycle):
         st.prefix = prefix  # prefilled with every other waiting stream at its first step
         if self.prefill.cache is not None:  # unless cached: looked up now (host work, off the first packet)
             st.cached = self.prefill.cache.get(prefix, count_miss=False)
-            if st.cached is not None and not self.prefill.in_step:
+            if st.cached is not None and self.prefill.in_step:
+                st.prefix = None  # nothing left for the admission: its first step writes the state in (Stager)
+            elif st.cached is not None:
                 self._opened[st.request_id] = st  # restore_opened may write it in before its first step
 
     def _release(self, st: Stream, how: str) -> None:
         with self._lock:
             super()._release(st, how)
             self._opened.pop(st.request_id, None)  # only open streams are there: this one, if any
-            st.cached = None  # a state found at open and never restored is not held past the stream's end
+            st.cached = None  # a state found at open and never written in is not held past its end
 
     def restore_opened(self) -> None:
         """Start each stream opened with a cached prefix since the last call from that state now,
-        on the stepping thread while idle (the async engine's worker after an open): its first
-        packet then costs what a fresh stream's does. A prefix not found at open waits for the
-        first chunk, to be looked up again there and, if still missing, prefilled with the streams joining then (and counted as a miss there)."""
+        on the stepping thread while idle (the async engine's worker after an open). A prefix not
+        found at open is looked up again at its first chunk, then prefilled (a miss counted there)."""
         if not self._opened:  # read without the lock: set only under it
             return
         with self._lock:
@@ -207,9 +208,7 @@ class StreamEngine(Lifecycle):
                     # float16 overflowed somewhere in this row: its state holds inf/NaN now, so
                     # every later chunk would be noise. End this stream only (rows are independent).
                     self._release(st, "aborted")
-                    res = StreamError(
-                        "non_finite_audio", f"stream {rid!r}: the decoder produced non-finite samples (float16 overflow); the stream is ended"
-                    )
+                    res = StreamError("non_finite_audio", f"stream {rid!r}: the decoder produced non-finite samples (float16 overflow); the stream is ended")
             if keep:
                 results[rid] = res
             if on_ready is not None:
