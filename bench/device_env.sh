@@ -37,10 +37,12 @@ service_at_load() {
     | tee "$OUT/fullload.txt" | grep -v '^{"' | tee -a "$log"
 }
 # A cached voice against none: sustained load at levels $2, 200-frame prefixes from 8 voices
-# (every one warmed first), the prefix cache on ($1: the run's name).
+# (every one warmed first), the prefix cache on ($1: the run's name; then code2wav.bench's extra
+# arguments, e.g. --set restores_in_step=true).
 prefix_levels() {
-  stamp "sustained $2: no prefix, a cached 200-frame prefix ($1)"
-  timeout 200 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels "$2" --prefix 0,200 --voices 8 --seconds 3 \
-    --set prefix_cache_bytes=1000000000 --out "$OUT/$1" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/$1.txt" | grep -A5 "^mode" | tee -a "$log"
-  rm -f "$OUT/$1/plot.png"
+  local name=$1 levels=$2; shift 2
+  stamp "sustained $levels: no prefix, a cached 200-frame prefix ($name $*)"
+  timeout 200 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels "$levels" --prefix 0,200 --voices 8 --seconds 3 \
+    --set prefix_cache_bytes=1000000000 "$@" --out "$OUT/$name" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/$name.txt" | grep -A5 "^mode" | tee -a "$log"
+  rm -f "$OUT/$name/plot.png"
 }

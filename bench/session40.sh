@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Session 40 (repo root on the device), most telling first: whether a stream restored inside its
+# first step (EngineConfig.restores_in_step) gives a prefilled stream's audio bit for bit on a GPU,
+# eager and through graphs (bench/restore_cost.py: the check before it goes on by default); then
+# a cached voice at one stream in six processes, the restore's own launch and restores_in_step
+# alternating (TTFP moves ~20 us between processes: one pair says little); restores_in_step at
+# 64 / 256 streams; the service at one stream with and without a cached prefix
+# (restores_in_step on), from a client process.
+source bench/device_env.sh
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
+stamp "the restore's cost and a restored stream's audio (bench/restore_cost.py)"
+timeout 120 python3 bench/restore_cost.py bfloat16 300 2>&1 | grep -v Warning | tee "$OUT/restore_cost.txt" | tee -a "$log"
+for i in 1 2 3; do
+  prefix_levels "prefix_1_launch_$i" 1
+  prefix_levels "prefix_1_in_step_$i" 1 --set restores_in_step=true
+done
+prefix_levels prefix_64_256_in_step 64,256 --set restores_in_step=true
+stamp "the service at one stream: no prefix / a cached 200-frame prefix (restores_in_step)"
+loads='for spec in "0" "200 --voices 8" "0" "200 --voices 8"; do
+  echo "=== service: 1 x 1, prefix $spec"; timeout 30 python3 bench/service_load.py http://127.0.0.1:8091 1 1 6 --reuse-connections --prefix $spec \
+  | tee -a '"$OUT"'/service_prefix.jsonl | grep -o "\"throughput_x\": [0-9.]*, \"ttfp_p50_ms\": [0-9.]*"; done'
+timeout 150 python3 bench/cold_start.py serve --then "$loads" --device cuda --dtype bfloat16 --max-streams 16 \
+  --set prefix_cache_bytes=1000000000 --set restores_in_step=true 2>&1 | tee "$OUT/service_prefix.txt" | grep -v '^{"' | tee -a "$log"
+keep_triton_cache
