@@ -7,6 +7,7 @@ import torch
 
 from code2wav.engine.async_engine import AsyncEngine
 from code2wav.engine.build import EAGER_BATCH_FRAMES, EAGER_STEP_FRAMES, EngineConfig, build_async_engine, build_engine
+from code2wav.kernels import slot_copy
 from code2wav.model.choices import LayerChoices
 from code2wav.stream.baselines import BaselineEngine
 from code2wav.stream.engine import StreamEngine
@@ -44,6 +45,14 @@ def test_the_config_refuses_what_cannot_run():
             EngineConfig(**bad)
     assert not EngineConfig().use_graphs() and not EngineConfig(device="cuda", mode="windowed").use_graphs()
     assert EngineConfig(device="cuda").use_graphs() and EngineConfig(device="cuda", graphs=False).step_frames() == EAGER_STEP_FRAMES
+
+
+@pytest.mark.parametrize("kernel_runs", [True, False])
+def test_restores_go_inside_steps_by_default_where_their_kernel_runs(monkeypatch, kernel_runs):
+    monkeypatch.setattr(slot_copy, "applies", lambda device: kernel_runs and device.type == "cuda")
+    assert EngineConfig(device="cuda").use_restores_in_step() == kernel_runs
+    assert not EngineConfig(device="cuda", restores_in_step=False).use_restores_in_step()
+    assert not EngineConfig().use_restores_in_step()  # CPU: never by default, refused when asked (above)
 
 
 def test_a_loaded_model_runs_the_configured_layer_choices(tmp_path):

@@ -12,6 +12,7 @@ import torch
 
 from code2wav.engine.async_engine import AsyncEngine
 from code2wav.engine.graphs import DEFAULT_FRAMES, GraphRunner, default_batch_frames
+from code2wav.kernels import slot_copy
 from code2wav.model.choices import LayerChoices
 from code2wav.model.config import DTYPES
 from code2wav.model.decoder import Decoder
@@ -67,11 +68,11 @@ class EngineConfig:
     # Prefilled reference-prefix states kept for streams that open with the same prefix, in bytes
     # (0: no cache). A hit copies the state instead of running the prefill (stream/prefix_cache.py).
     prefix_cache_bytes: int = 0
-    # With the cache on (CUDA with Triton): a cached state written inside its stream's first step
-    # (restore pairs in the step's inputs, read by a kernel at every step's head) instead of by a
-    # launch of its own before it. Off by default until its audio is checked on a GPU (measured:
-    # BENCHMARKS.md, voice clones that repeat, session 39).
-    restores_in_step: bool = False
+    # With the cache on: a cached state written inside its stream's first step (restore pairs in
+    # the step's inputs, read by a kernel at every step's head) instead of by a launch of its own
+    # before it, which takes that launch off a cached voice's first packet. None: where the kernel
+    # runs (CUDA with Triton); True elsewhere is refused (BENCHMARKS.md, voice clones that repeat).
+    restores_in_step: bool | None = None
     # -- the async engine
     max_pending_chunks: int = 16  # chunks one stream may have queued (more: queue_full)
 
@@ -102,6 +103,9 @@ class EngineConfig:
     @property
     def on_cuda(self) -> bool:
         return torch.device(self.device).type == "cuda"
+
+    def use_restores_in_step(self) -> bool:
+        return slot_copy.applies(torch.device(self.device)) if self.restores_in_step is None else self.restores_in_step
 
     def use_graphs(self) -> bool:
         return self.mode == "exact" and (self.on_cuda if self.graphs is None else self.graphs)
@@ -138,7 +142,7 @@ def build_engine(cfg: EngineConfig, model: Decoder | None = None, capture: bool 
               else EagerRunner(model, pool))
     engine = StreamEngine(model, runner=runner, max_step_frames=cfg.step_frames(), max_batch_frames=cfg.batch_frames(),
                           idle_timeout=cfg.idle_timeout, max_prefix_frames=cfg.max_prefix_frames, policy=cfg.schedule,
-                          prefix_cache_bytes=cfg.prefix_cache_bytes, restores_in_step=cfg.restores_in_step)
+                          prefix_cache_bytes=cfg.prefix_cache_bytes, restores_in_step=cfg.use_restores_in_step())
     if graphs and capture:
         runner.capture(engine.prefill_shapes())  # type: ignore[union-attr]
     return engine
