@@ -46,3 +46,9 @@ prefix_levels() {
     --set prefix_cache_bytes=1000000000 "$@" --out "$OUT/$name" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/$name.txt" | grep -A5 "^mode" | tee -a "$log"
   rm -f "$OUT/$name/plot.png"
 }
+# At most 8 files come back from $OUT: at a script's end, everything but the log and Triton's
+# cache goes into one $OUT/results.tgz.
+pack_out() {
+  (cd "$OUT" && tar -czf /tmp/results.tgz --exclude=log.txt --exclude=triton.tgz . && find . -mindepth 1 \
+    ! -name log.txt ! -name triton.tgz -delete && mv /tmp/results.tgz . && ls -la)
+}

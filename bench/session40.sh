@@ -6,8 +6,18 @@
 # alternating (TTFP moves ~20 us between processes: one pair says little); restores_in_step at
 # 64 / 256 streams; the service at one stream with and without a cached prefix
 # (restores_in_step on), from a client process.
+# `bash bench/session40.sh default` (once restores_in_step is on by default where its kernel runs):
+# the default config's choice printed, then the cached voice at one stream in four processes and at
+# 64 / 256 streams with nothing set but the cache.
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
+if [ "${1:-}" = default ]; then
+  python3 -c "from code2wav.engine.build import EngineConfig as C; print('restores_in_step by default on cuda:', C(device='cuda').use_restores_in_step())" | tee -a "$log"
+  for i in 1 2 3 4; do prefix_levels "prefix_1_default_$i" 1; done
+  prefix_levels prefix_64_256_default 64,256
+  pack_out
+  exit 0
+fi
 stamp "the restore's cost and a restored stream's audio (bench/restore_cost.py)"
 timeout 120 python3 bench/restore_cost.py bfloat16 300 2>&1 | grep -v Warning | tee "$OUT/restore_cost.txt" | tee -a "$log"
 for i in 1 2 3; do
