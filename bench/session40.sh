@@ -9,8 +9,27 @@
 # `bash bench/session40.sh default` (once restores_in_step is on by default where its kernel runs):
 # the default config's choice printed, then the cached voice at one stream in four processes and at
 # 64 / 256 streams with nothing set but the cache.
+# `bash bench/session40.sh order`: the phase order's part: at one stream the cached voice first,
+# then none, three times in one process (two processes); then 512 streams on a ramped chunk
+# schedule (1, 4, 8, 16, then 25 frames), none against a cached voice.
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
+if [ "${1:-}" = order ]; then
+  for i in 1 2; do
+    stamp "one stream, the cached voice first, alternating three times (prefix_1_order_$i)"
+    timeout 150 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 1 --prefix 200,0,200,0,200,0 --voices 8 --seconds 3 \
+      --set prefix_cache_bytes=1000000000 --out "$OUT/prefix_1_order_$i" 2>&1 | tr "\r" "\n" | grep -v "it/s]" \
+      | tee "$OUT/prefix_1_order_$i.txt" | grep -A8 "^mode" | tee -a "$log"
+    rm -f "$OUT/prefix_1_order_$i/plot.png"
+  done
+  stamp "512 streams, ramped chunks, none against a cached voice (prefix_512_ramp)"
+  timeout 200 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 512 --chunks 1,4,8,16,25 --prefix 0,200 --voices 8 \
+    --seconds 3 --set prefix_cache_bytes=1000000000 --out "$OUT/prefix_512_ramp" 2>&1 | tr "\r" "\n" | grep -v "it/s]" \
+    | tee "$OUT/prefix_512_ramp.txt" | grep -A4 "^mode" | tee -a "$log"
+  rm -f "$OUT/prefix_512_ramp/plot.png"
+  pack_out
+  exit 0
+fi
 if [ "${1:-}" = default ]; then
   python3 -c "from code2wav.engine.build import EngineConfig as C; print('restores_in_step by default on cuda:', C(device='cuda').use_restores_in_step())" | tee -a "$log"
   for i in 1 2 3 4; do prefix_levels "prefix_1_default_$i" 1; done
