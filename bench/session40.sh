@@ -12,8 +12,22 @@
 # `bash bench/session40.sh order`: the phase order's part: at one stream the cached voice first,
 # then none, three times in one process (two processes); then 512 streams on a ramped chunk
 # schedule (1, 4, 8, 16, then 25 frames), none against a cached voice.
+# `bash bench/session40.sh abba`: the same, each form twice in the order none, cached, cached,
+# none (drift within a process falls on both alike): 512 streams ramped, then one stream.
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
+if [ "${1:-}" = abba ]; then
+  for spec in "512 1,4,8,16,25 prefix_512_ramp_abba" "1 1,25 prefix_1_abba"; do
+    set -- $spec
+    stamp "$1 streams, chunks $2, none / cached / cached / none ($3)"
+    timeout 280 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels "$1" --chunks "$2" --prefix 0,200,200,0 --voices 8 \
+      --seconds 3 --set prefix_cache_bytes=1000000000 --out "$OUT/$3" 2>&1 | tr "\r" "\n" | grep -v "it/s]" \
+      | tee "$OUT/$3.txt" | grep -A6 "^mode" | tee -a "$log"
+    rm -f "$OUT/$3/plot.png"
+  done
+  pack_out
+  exit 0
+fi
 if [ "${1:-}" = order ]; then
   for i in 1 2; do
     stamp "one stream, the cached voice first, alternating three times (prefix_1_order_$i)"
