@@ -14,17 +14,17 @@
 # schedule (1, 4, 8, 16, then 25 frames), none against a cached voice.
 # `bash bench/session40.sh abba`: the same, each form twice in the order none, cached, cached,
 # none (drift within a process falls on both alike): 512 streams ramped, then one stream.
-# `bash bench/session40.sh abba2`: 512 streams ramped with the restore's own launch
-# (restores_in_step=false), then 256 streams at the default chunks, in the same order.
+# `bash bench/session40.sh abba2`: 512 streams ramped, with the restore's own launch
+# (restores_in_step=false) and then inside the step, in the same order (one process each).
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 if [ "${1:-}" = abba ] || [ "${1:-}" = abba2 ]; then
   specs=("512 1,4,8,16,25 prefix_512_ramp_abba" "1 1,25 prefix_1_abba")
-  [ "$1" = abba2 ] && specs=("512 1,4,8,16,25 prefix_512_ramp_launch_abba restores_in_step=false" "256 1,25 prefix_256_abba restores_in_step=true")
+  [ "$1" = abba2 ] && specs=("512 1,4,8,16,25 prefix_512_ramp_launch_abba restores_in_step=false" "512 1,4,8,16,25 prefix_512_ramp_in_step_abba restores_in_step=true")
   for spec in "${specs[@]}"; do
     set -- $spec
     stamp "$1 streams, chunks $2, none / cached / cached / none ($3 ${4:-})"
-    timeout 280 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels "$1" --chunks "$2" --prefix 0,200,200,0 --voices 8 \
+    timeout 140 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels "$1" --chunks "$2" --prefix 0,200,200,0 --voices 8 \
       --seconds 3 --set prefix_cache_bytes=1000000000 ${4:+--set $4} --out "$OUT/$3" 2>&1 | tr "\r" "\n" | grep -v "it/s]" \
       | tee "$OUT/$3.txt" | grep -A6 "^mode" | tee -a "$log"
     rm -f "$OUT/$3/plot.png"
