@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Session 41 (repo root on the device): where a cached voice's later first packet at 512 streams
+# on a ramped schedule comes from (session 40: +5.7 to +10 % there, with the restore's own launch
+# and inside the step alike; throughput 98.5-100.4 %). Each run alternates none / cached /
+# cached / none in one process (code2wav.bench --prefix 0,P,P,0), 512 streams, chunks
+# 1, 4, 8, 16, 25: the 200-frame case again (this start's baseline); a cached 1-frame prefix
+# (the same whole-state restore, almost none of a long prefix's host work, one frame of
+# history); the 200-frame case with first chunks not gathering (--first-chunk-wait-ms 0).
+source bench/device_env.sh
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
+for spec in "200 5 prefix_512_ramp_200" "1 5 prefix_512_ramp_1" "200 0 prefix_512_ramp_200_nowait"; do
+  set -- $spec
+  stamp "512 streams ramped, none / cached $1-frame prefix x2 / none, first-chunk wait $2 ms ($3)"
+  timeout 140 python3 -m code2wav.bench --modes exact-graph --frames 101 --levels 512 --chunks 1,4,8,16,25 --prefix "0,$1,$1,0" \
+    --voices 8 --seconds 3 --first-chunk-wait-ms "$2" --set prefix_cache_bytes=1000000000 --out "$OUT/$3" 2>&1 | tr "\r" "\n" \
+    | grep -v "it/s]" | tee "$OUT/$3.txt" | grep -A6 "^mode" | tee -a "$log"
+  rm -f "$OUT/$3/plot.png"
+done
+pack_out
