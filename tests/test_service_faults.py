@@ -282,3 +282,30 @@ def test_stop_hooks_run_once_on_drain_and_at_once_after_it():
         return seen
 
     assert asyncio.run(main()) == [("a", "shutdown"), ("c", "shutdown")]
+
+
+def test_a_stream_the_engine_ended_on_its_own_neither_breaks_a_drain_nor_the_engines_stop():
+    """The core may end a stream its caller still holds (reaped for idling, a failed prefill).
+    Aborting it then is a no-op; a drain (SIGTERM's path) still ends every other stream; the
+    engine's stop frees the rest and stops its worker. Before: the first such abort raised
+    ``stream_ended`` out of the drain and the stop, leaving the other streams and the worker."""
+    from code2wav.server.service import Service
+
+    async def main():
+        core = StreamEngine(model(SMALL, torch.float32), max_streams=3, idle_timeout=60.0)
+        eng = AsyncEngine(core)
+        async with eng:
+            for rid in ("reaped", "open", "also_reaped"):
+                await eng.open(rid)
+            for rid in ("reaped", "also_reaped"):
+                core._streams[rid].last_active -= 3600  # idle for an hour: the next reap ends them
+            assert sorted(core.reap_idle()) == ["also_reaped", "reaped"] and eng.streams == ["reaped", "open", "also_reaped"]
+            await eng.abort("reaped")  # the caller's own abort, after the reaper's: nothing left to do
+            assert await Service(eng).drain(timeout=0) and core.active == 0 and eng.streams == []
+            await eng.open("late")
+            core._streams["late"].last_active -= 3600
+            assert core.reap_idle() == ["late"]
+        assert eng._thread is None and core.active == 0 and core.pool.in_use == 0  # the stop ran to its end
+
+    with one_thread():
+        asyncio.run(main())

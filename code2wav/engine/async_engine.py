@@ -2,23 +2,20 @@
 
 Streams push chunks at any time. One worker thread (the decoder is not thread-safe, and the
 event loop must stay free) takes the oldest pending chunk of every stream into one continuous
-decode. The decode runs steps back to back; before each step it takes the chunks that arrived
-meanwhile, so a new stream's first chunk, or a stream's next chunk once its audio is back, waits
-for one step, not for every other stream's chunks. Each chunk's future
+decode, whose steps run back to back, each taking the chunks that arrived meanwhile: a new
+stream's first chunk waits for one step, not for every other stream's chunks. Each chunk's future
 resolves as soon as its row's audio is on the host. One chunk per stream in flight keeps
-per-stream order. Queues are bounded: a stream with too many chunks queued is refused, never
-buffered without limit. Opening, finishing and aborting a stream are host bookkeeping and run on
-the event loop, never queued behind a step.
+per-stream order; a stream with too many chunks queued is refused, never buffered without
+limit. Opening, finishing and aborting are host bookkeeping on the event loop, never queued
+behind a step.
 
-A push wakes the worker directly (a thread event, set only when it is not set already), not through a scheduler task and an executor:
-on an idle engine that hand-off is on the first packet's path, once into the worker and once
-back to the loop, and each extra loop iteration or executor round trip there adds tens of
-microseconds to it. The way back is batched: the worker queues each row's result and wakes the
-loop once for everything queued until the loop runs (under load, a step's rows land together).
+A push wakes the worker directly (a thread event, set only when not set already): on an idle
+engine each extra loop iteration or executor round trip on the way would add tens of
+microseconds to the first packet. The way back is batched: the worker queues each row's result
+and wakes the loop once for everything queued until the loop runs.
 
-A push may carry an ``encode`` function (e.g. audio -> PCM bytes). It runs on the worker as soon
-as the row's audio is ready, so per-chunk conversion stays off the event loop, which is the
-service's bottleneck once steps are batched.
+A push may carry an ``encode`` function (e.g. audio -> PCM bytes), run on the worker as soon as
+the row's audio is ready: per-chunk conversion stays off the event loop, the service's bottleneck.
 
 If the worker's loop fails in any way (an exception outside the per-decode handler, or a
 ``BaseException`` out of a step), the engine is *failed* for good: every chunk in flight or
@@ -115,17 +112,14 @@ class AsyncEngine:
                 self.warmup.start()
 
     async def stop(self) -> None:
-        for rid in list(self._pending):  # streams still open are aborted: their state is freed
-            self._fail_pending(rid, StreamError("shutdown", f"stream {rid!r}: engine stopped"))
-            self._pending.pop(rid)
-            self.engine.abort(rid)
+        for rid in list(self._pending):  # streams still open are aborted (their chunks fail), their state freed
+            await self.abort(rid, StreamError("shutdown", f"stream {rid!r}: engine stopped"))
         if self.warmup is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.warmup.stop)
         if self._thread is not None:
             self._stopping = True
             self._wake.set()
-            # A decode still running ends (nothing is left to take); joined off the loop, whose
-            # callbacks that decode may still schedule.
+            # A decode still running ends (nothing left to take); joined off the loop, which it may still call back
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
             self._thread = None
             self.engine.on_step.remove(self._on_step)
@@ -138,10 +132,9 @@ class AsyncEngine:
         await self.stop()
 
     async def open(self, request_id: str, prefix: object = None, pcm16: bool = False) -> None:
-        """Open a stream: validates the prefix and takes a slot (host work, at once, even while
-        a step runs). A cached prefix is restored by the worker once idle (``restore_opened``),
-        another's prefill runs when the stream's first chunk joins a step, batched with those
-        joining then. ``pcm16``: its audio comes as int16 samples (``Lifecycle.open``)."""
+        """Open a stream: validates the prefix, looks it up in the prefix cache and takes a slot
+        (host work, at once, even while a step runs; where a prefix's state goes in: docs/design.md,
+        Prefill). ``pcm16``: its audio comes as int16 samples (``Lifecycle.open``)."""
         if self.failure is not None:
             raise EngineFailed(str(self.failure))
         try:
@@ -154,8 +147,7 @@ class AsyncEngine:
             self._idle_work_later()
 
     async def push(self, request_id: str, frames: object, encode: Encode | None = None) -> Any:
-        """Queue new frames; returns their audio (or ``encode(audio)``) once the step that decodes
-        them completes."""
+        """Queue new frames; their audio (or ``encode(audio)``) once their step completes."""
         return await self.submit(request_id, frames, encode)
 
     def submit(self, request_id: str, frames: object, encode: Encode | None = None) -> asyncio.Future:
@@ -199,14 +191,22 @@ class AsyncEngine:
         the stream that a running decode holds still decodes; its result is dropped. Queued
         chunks fail with ``error`` (default: ``aborted``); with an ``error`` given, the chunk
         the running decode holds fails with it at once too (a drain that ends a request)."""
-        if request_id in self._pending:
+        known = request_id in self._pending
+        if known:
             self._fail_pending(request_id, error or StreamError("aborted", f"stream {request_id!r} aborted"))
-            self._pending.pop(request_id, None)
+            del self._pending[request_id]
         held = self._held.get(request_id) if error is not None else None
         if held is not None:
             self._settle(held, error)  # type: ignore[arg-type]
-        self.engine.abort(request_id)
+        self._free(request_id, known)
         self._idle_work_later()
+
+    def _free(self, request_id: str, known: bool) -> None:
+        try:
+            self.engine.abort(request_id)
+        except StreamError:  # a stream opened here (known) the core may have ended on its own
+            if not known:  # (reaped for idling, a failed prefill): nothing is left to free
+                raise
 
     def wake(self) -> None:
         """Wake the worker (from any thread): ``between_steps`` has work."""
