@@ -10,9 +10,10 @@ worker waiting on a CUDA sync does.
 
 ``python bench/service_host.py serve [--port 8091] [--max-streams 256] [--step-ms A,B] [--loop L] [--ws W]``
 serves it until SIGTERM; load it with ``bench/service_load.py``.
-``python bench/service_host.py inproc [--levels 1,64,256] [--seconds 8] [--step-ms A,B]`` runs the
-same workload on the ``AsyncEngine`` in this process, no server: the ceiling the service is
-measured against.
+``python bench/service_host.py inproc [--levels 1,64,256] [--seconds 8] [--step-ms A,B] [--chunks 1,25]
+[--prefix 0,200,200,0 --voices 8 --prefix-cache-bytes N]`` runs the same workload on the
+``AsyncEngine`` in this process, no server: the ceiling the service is measured against, and the
+host side of a cached voice against none (a restore on CPU is the foreach copy, not the GPU's).
 """
 
 from __future__ import annotations
@@ -48,11 +49,13 @@ class SimulatedDevice(EagerRunner):
         return torch.zeros(codes.shape[0], codes.shape[2] * self.model.config.samples_per_frame, dtype=torch.bfloat16)
 
 
-def build_core(max_streams: int, step_ms: str, max_batch_frames: int = 512) -> StreamEngine:
+def build_core(max_streams: int, step_ms: str, max_batch_frames: int = 512, prefix_cache_bytes: int = 0) -> StreamEngine:
     base, per_row = (float(x) / 1e3 for x in step_ms.split(","))
     model = Decoder(TINY)
+    model.fold()  # a reference prefix's prefill runs the (tiny) model's front for real
     pool = StatePool(model, max_streams)
-    return StreamEngine(model, runner=SimulatedDevice(model, pool, base, per_row), max_step_frames=32, max_batch_frames=max_batch_frames)
+    return StreamEngine(model, runner=SimulatedDevice(model, pool, base, per_row), max_step_frames=32, max_batch_frames=max_batch_frames,
+                        prefix_cache_bytes=prefix_cache_bytes)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -87,13 +90,22 @@ def inproc(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(1)
     levels = [int(x) for x in args.levels.split(",")]
-    core = build_core(max(levels), args.step_ms, args.max_batch_frames)
-    print(f"{'c':>5}{'x RT':>9}{'steps/s':>9}{'rows/step':>10}{'TTFP p50 ms':>13}")
+    chunks = [int(x) for x in args.chunks.split(",")]
+    prefixes = [int(x) for x in args.prefix.split(",")]
+    core = build_core(max(levels), args.step_ms, args.max_batch_frames, args.prefix_cache_bytes)
+    if args.voices and max(prefixes):  # every voice's state in the cache before the timed runs
+        for v in range(0, args.voices, 4):
+            asyncio.run(_workload(core, 4, 30, chunks, max(prefixes), 0.0, seed=99, voices=args.voices, first_voice=v))
+    print(f"{'c':>5}{'prefix':>7}{'x RT':>9}{'steps/s':>9}{'rows/step':>10}{'TTFP p50 ms':>13}{'CPU us/stream':>15}")
     for c in levels:
-        m = asyncio.run(_workload(core, c, 101, [1, 25], 0, 0.002, seed=c, seconds=args.seconds))
-        ttfp = sorted(m.ttfp)[len(m.ttfp) // 2] * 1e3 if m.ttfp else float("nan")
-        rows = sum(m.rows) / max(1, len(m.rows))
-        print(f"{c:>5}{m.samples / TINY.sample_rate / m.wall:>9.0f}{len(m.steps) / m.wall:>9.0f}{rows:>10.1f}{ttfp:>13.2f}", flush=True)
+        for prefix in prefixes:  # e.g. 0,200,200,0: drift within the process falls on both alike
+            cpu = time.process_time()
+            m = asyncio.run(_workload(core, c, 101, chunks, prefix, 0.002, seed=c, seconds=args.seconds, voices=args.voices))
+            cpu = (time.process_time() - cpu) / max(1, m.streams) * 1e6  # both threads, the streams ended in the run
+            ttfp = sorted(m.ttfp)[len(m.ttfp) // 2] * 1e3 if m.ttfp else float("nan")
+            rows = sum(m.rows) / max(1, len(m.rows))
+            print(f"{c:>5}{prefix:>7}{m.samples / TINY.sample_rate / m.wall:>9.0f}{len(m.steps) / m.wall:>9.0f}{rows:>10.1f}{ttfp:>13.2f}{cpu:>15.0f}",
+                  flush=True)
     return 0
 
 
@@ -110,6 +122,10 @@ def main(argv: list[str]) -> int:
     i = sub.add_parser("inproc")
     i.add_argument("--levels", default="1,64,256")
     i.add_argument("--seconds", type=float, default=8.0)
+    i.add_argument("--chunks", default="1,25", help="chunk schedule, the last size repeating")
+    i.add_argument("--prefix", default="0", help="reference prefix frames, a comma list run in turn at each level")
+    i.add_argument("--voices", type=int, default=0, help="prefixes drawn from this many references (0: each stream its own)")
+    i.add_argument("--prefix-cache-bytes", type=int, default=0)
     for q in (s, i):
         q.add_argument("--step-ms", default="1.2,0.4", help="simulated device time: A ms a step plus B ms a row")
         q.add_argument("--max-batch-frames", type=int, default=512)

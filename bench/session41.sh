@@ -5,7 +5,8 @@
 # cached / none in one process (code2wav.bench --prefix 0,P,P,0), 512 streams, chunks
 # 1, 4, 8, 16, 25: the 200-frame case again (this start's baseline); a cached 1-frame prefix
 # (the same whole-state restore, almost none of a long prefix's host work, one frame of
-# history); the 200-frame case with first chunks not gathering (--first-chunk-wait-ms 0).
+# history); the 200-frame case with first chunks not gathering (--first-chunk-wait-ms 0). The
+# table's `CPU us` column: the process's host time per stream, none against cached.
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 for spec in "200 5 prefix_512_ramp_200" "1 5 prefix_512_ramp_1" "200 0 prefix_512_ramp_200_nowait"; do

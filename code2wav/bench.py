@@ -250,7 +250,7 @@ def run(
                 if cuda:
                     torch.cuda.synchronize()
                     torch.cuda.reset_peak_memory_stats()
-                c0 = core.prefix_cache_stats() or {"hits": 0, "misses": 0}
+                c0, cpu0 = core.prefix_cache_stats() or {"hits": 0, "misses": 0}, time.process_time()
                 m = asyncio.run(_workload(core, c, frames, schedule, prefix_frames, stagger_s, seed=c, seconds=seconds, pace=pace, voices=voices))
                 c1 = core.prefix_cache_stats() or c0
                 hits, looked_up = c1["hits"] - c0["hits"], c1["hits"] + c1["misses"] - c0["hits"] - c0["misses"]
@@ -287,6 +287,7 @@ def run(
                         rows_per_step=float(np.mean(m.rows)) if m.rows else float("nan"),
                         small_steps_pct=_small_steps_pct(m.steps, m.widths) if mode.startswith("exact") else float("nan"),
                         first_chunk_wait_ms=wait_s * 1e3,
+                        host_cpu_us=(time.process_time() - cpu0) / max(1, m.streams) * 1e6,
                     )
                 )
                 print(json.dumps(json_safe(asdict(results[-1]))), flush=True)  # kept even if a later level is cut off

@@ -876,7 +876,9 @@ def test_bench_command_reports_every_mode_and_level(tmp_path, capsys):
         assert r["throughput_x"] > 0 and r["ttfp_p50_ms"] <= r["ttfp_p99_ms"]
         assert 0 < r["chunk_p50_ms"] <= r["chunk_p99_ms"]  # every chunk (1, 2, 2): push -> audio
         assert (r["mem_state_pool_mb"] > 0) == (r["mode"] == "exact-eager")
-    assert "exact-eager" in capsys.readouterr().out
+        assert r["host_cpu_us"] > 0  # the process's CPU time per stream (a decode on CPU spends some)
+    printed = capsys.readouterr().out
+    assert "exact-eager" in printed and "CPU us" in printed
 
 
 def test_bench_runs_eager_levels_warm_when_asked(m, monkeypatch):
