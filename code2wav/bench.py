@@ -105,15 +105,15 @@ async def _workload(core: Lifecycle, concurrency: int, frames: int, schedule: li
         eng.on_step.append(on_step)
 
         async def stream(rid: str) -> None:
-            codes = rng.integers(0, size, (prefix + frames, q))
-            if bank is not None:
-                codes[:prefix] = bank[(first_voice + next(opened_streams)) % voices]
-            await eng.open(rid, codes[:prefix] if prefix else None)
-            opened, at, chunks = time.perf_counter(), prefix, []  # (pushed, landed, frames)
+            # A voice's prefix is its reference's codes, drawn once (a talker has them already)
+            ref = bank[(first_voice + next(opened_streams)) % voices] if bank is not None else rng.integers(0, size, (prefix, q))
+            codes = rng.integers(0, size, (frames, q))
+            await eng.open(rid, ref if prefix else None)
+            opened, at, chunks = time.perf_counter(), 0, []  # (pushed, landed, frames)
             sent: list[tuple[float, asyncio.Future, list[float], int]] = []  # (pushed, future, [landed], frames)
             for n in chunk_schedule(frames, schedule):
                 if pace > 0:  # the talker has these frames only now
-                    await asyncio.sleep(max(0.0, opened + (at - prefix + n) / (fps * pace) - time.perf_counter()))
+                    await asyncio.sleep(max(0.0, opened + (at + n) / (fps * pace) - time.perf_counter()))
                 if time.perf_counter() > end:
                     break  # the window closed: free the slot, the rest is not measured
                 fut = eng.submit(rid, codes[at : at + n])
