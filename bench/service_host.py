@@ -11,7 +11,7 @@ worker waiting on a CUDA sync does.
 ``python bench/service_host.py serve [--port 8091] [--max-streams 256] [--step-ms A,B] [--loop L] [--ws W]``
 serves it until SIGTERM; load it with ``bench/service_load.py``.
 ``python bench/service_host.py inproc [--levels 1,64,256] [--seconds 8] [--step-ms A,B] [--chunks 1,25]
-[--prefix 0,200,200,0 --voices 8 --prefix-cache-bytes N]`` runs the same workload on the
+[--prefix 0,200,200,0 --voices 8 --prefix-cache-bytes N [--free-restores]]`` runs the same workload on the
 ``AsyncEngine`` in this process, no server: the ceiling the service is measured against, and the
 host side of a cached voice against none (a restore on CPU is the foreach copy, not the GPU's).
 """
@@ -93,6 +93,8 @@ def inproc(args: argparse.Namespace) -> int:
     chunks = [int(x) for x in args.chunks.split(",")]
     prefixes = [int(x) for x in args.prefix.split(",")]
     core = build_core(max(levels), args.step_ms, args.max_batch_frames, args.prefix_cache_bytes)
+    if args.free_restores:  # timing only (the simulated device reads no state): a hit's copy costs no host time,
+        core.pool.restore = lambda slot, state: None  # as on a GPU with the copy inside the step
     if args.voices and max(prefixes):  # every voice's state in the cache before the timed runs
         for v in range(0, args.voices, 4):
             asyncio.run(_workload(core, 4, 30, chunks, max(prefixes), 0.0, seed=99, voices=args.voices, first_voice=v))
@@ -126,6 +128,7 @@ def main(argv: list[str]) -> int:
     i.add_argument("--prefix", default="0", help="reference prefix frames, a comma list run in turn at each level")
     i.add_argument("--voices", type=int, default=0, help="prefixes drawn from this many references (0: each stream its own)")
     i.add_argument("--prefix-cache-bytes", type=int, default=0)
+    i.add_argument("--free-restores", action="store_true", help="a cache hit's copy writes nothing (timing only)")
     for q in (s, i):
         q.add_argument("--step-ms", default="1.2,0.4", help="simulated device time: A ms a step plus B ms a row")
         q.add_argument("--max-batch-frames", type=int, default=512)
