@@ -6,9 +6,13 @@
 # 1, 4, 8, 16, 25: the 200-frame case again (this start's baseline); a cached 1-frame prefix
 # (the same whole-state restore, almost none of a long prefix's host work, one frame of
 # history); the 200-frame case with first chunks not gathering (--first-chunk-wait-ms 0). The
-# table's `CPU us` column: the process's host time per stream, none against cached.
+# table's `CPU us` column: the process's host time per stream, none against cached. First, the
+# GPU side alone: a first chunk's step over fresh rows against rows with a 200-frame history
+# (bench/history_step.py).
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
+stamp "a step over fresh rows against rows with history (bench/history_step.py)"
+timeout 120 python3 bench/history_step.py bfloat16 200 2>&1 | grep -v Warning | tee "$OUT/history_step.txt" | tee -a "$log"
 for spec in "200 5 prefix_512_ramp_200" "1 5 prefix_512_ramp_1" "200 0 prefix_512_ramp_200_nowait"; do
   set -- $spec
   stamp "512 streams ramped, none / cached $1-frame prefix x2 / none, first-chunk wait $2 ms ($3)"
