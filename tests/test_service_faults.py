@@ -309,3 +309,30 @@ def test_a_stream_the_engine_ended_on_its_own_neither_breaks_a_drain_nor_the_eng
 
     with one_thread():
         asyncio.run(main())
+
+
+def test_a_finish_racing_the_reaper_neither_raises_nor_leaks():
+    """The worker's reaper may end an idle stream between the caller's last look at it and its
+    finish. The finish then frees nothing, raises nothing and leaves no slot held, as when the
+    reaper came first. (Made deterministic: the core's finish reaps before it runs.)"""
+
+    async def main():
+        core = StreamEngine(model(SMALL, torch.float32), max_streams=2, idle_timeout=60.0)
+        finish = core.finish
+
+        def reaped_first(rid, frames=None):
+            core._streams[rid].last_active -= 3600
+            assert core.reap_idle() == [rid]
+            return finish(rid, frames)
+
+        core.finish = reaped_first
+        async with AsyncEngine(core) as eng:
+            await eng.open("a")
+            await eng.push("a", torch.zeros(2, core.cfg.num_quantizers, dtype=torch.long))
+            assert (await eng.finish("a")).numel() == 0
+            assert eng.streams == [] and core.active == 0 and core.pool.in_use == 0
+            await eng.open("b")  # the engine goes on
+            assert (await eng.push("b", torch.zeros(1, core.cfg.num_quantizers, dtype=torch.long))).numel() > 0
+
+    with one_thread():
+        asyncio.run(main())

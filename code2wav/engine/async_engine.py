@@ -181,8 +181,8 @@ class AsyncEngine:
                 if q:
                     await asyncio.gather(*(f for _, f, _ in q), return_exceptions=True)
         finally:
-            if self._pending.pop(request_id, None) is not None and self.engine.is_open(request_id):
-                self.engine.finish(request_id)  # no frames left: frees the slot, nothing to decode
+            if self._pending.pop(request_id, None) is not None:
+                self._free(request_id, True, self.engine.finish)  # no frames left: nothing to decode
                 self._idle_work_later()
         return audio
 
@@ -201,11 +201,13 @@ class AsyncEngine:
         self._free(request_id, known)
         self._idle_work_later()
 
-    def _free(self, request_id: str, known: bool) -> None:
+    def _free(self, request_id: str, known: bool, end: Callable[[str], object] | None = None) -> None:
+        """End the stream in the core (``end``, else its abort). One opened here (``known``) the core
+        may have ended on its own, even just now (reaped, a failed prefill): nothing left to free."""
         try:
-            self.engine.abort(request_id)
-        except StreamError:  # a stream opened here (known) the core may have ended on its own
-            if not known:  # (reaped for idling, a failed prefill): nothing is left to free
+            (end or self.engine.abort)(request_id)
+        except StreamError:
+            if not known:
                 raise
 
     def wake(self) -> None:
@@ -268,8 +270,7 @@ class AsyncEngine:
             hook(seconds, rows, frames)
 
     def _work(self) -> None:
-        """The worker thread's body: :meth:`_steps`; whatever ends it other than ``stop()``
-        fails the engine."""
+        """The worker thread's body: :meth:`_steps`; whatever ends it but ``stop()`` fails the engine."""
         try:
             # Nothing on this thread wants autograd: off for its life (grad mode is per thread),
             # so a decode does not enter and leave a no_grad context of its own.
@@ -292,8 +293,7 @@ class AsyncEngine:
             pass
 
     def _fail_all(self, err: EngineFailed, held: list[asyncio.Future]) -> None:
-        """On the loop, once the worker died: fail every chunk, abort every stream, run the
-        ``on_failure`` hooks."""
+        """On the loop, once the worker died: fail every chunk, abort every stream, run ``on_failure``."""
         self.failure = err
         self.stats.record_error(err.code)
         for fut in held:
