@@ -3,8 +3,8 @@
 # streams ramped inside 5 % with at most 8 first chunks gathered (schedule.first_chunk_rows=8:
 # every restore fits its step's 8 pairs), with first chunks not gathering, and with a 1-frame
 # prefix, but +5.2 % at the default (16 gathered: past 8, restores by their own launch). Here, one
-# process each, alternating: the default; the step carrying 16 restore pairs (stream/pool.py
-# RESTORES, set before the engine is built); the 1-frame prefix and 8 gathered again.
+# process each, in the order 8 / 16 / 16 / 8: the default against the step carrying 16 restore
+# pairs (stream/pool.py RESTORES, set before the engine is built).
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 bench512() {  # $1 name, $2 RESTORES, $3 prefixes, then code2wav.bench's extra arguments
@@ -17,8 +17,6 @@ bench512() {  # $1 name, $2 RESTORES, $3 prefixes, then code2wav.bench's extra a
 }
 bench512 r8_a 8 0,200,200,0
 bench512 r16_a 16 0,200,200,0
-bench512 r8_1frame 8 0,1,1,0
 bench512 r16_b 16 0,200,200,0
 bench512 r8_b 8 0,200,200,0
-bench512 r8_rows8 8 0,200,200,0 --set schedule.first_chunk_rows=8
 pack_out
