@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Session 19 (repo root on the device).
-#   bash bench/session19.sh a   half products through kernels/skinny.py (LayerChoices.skinny_half):
+#   bash bench/sessions/session19.sh a   half products through kernels/skinny.py (LayerChoices.skinny_half):
 #                               each product shape in float32 / float16 / bfloat16 against cuBLAS and
 #                               the gated down projection; graph replay per step shape both ways; the
 #                               quick GPU checks (the other setting's SNR among them); sustained 1 / 64 /
 #                               256 both ways, one start
-#   bash bench/session19.sh b   a lone stream's first packet leg by leg, after a pause and back to
+#   bash bench/sessions/session19.sh b   a lone stream's first packet leg by leg, after a pause and back to
 #                               back; sustained 1 / 64 / 256 (at 54aa27d this call also ran
 #                               bench/zeroing_ab.py, the A/B of freed slots zeroed in batches, since
 #                               reverted: BENCHMARKS.md)
-#   bash bench/session19.sh c   the one-kernel units' inputs through tensor descriptors (ConvTiles.tma):
+#   bash bench/sessions/session19.sh c   the one-kernel units' inputs through tensor descriptors (ConvTiles.tma):
 #                               the sweep of those tilings beside today's tiles (compiled in 8 shares
 #                               first), the winners put in this copy, then graph replay per step shape
 #                               and sustained 256 streams with them, and the quick GPU checks
@@ -60,6 +60,6 @@ c)
   stamp "GPU checks (quick) with the sweep's tiles"
   timeout "$(left 590)" python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt" | grep -E "^(PASS|FAIL|SUMMARY)" | tee -a "$log"
   ;;
-*) echo "usage: bash bench/session19.sh a|b|c" >&2; exit 2 ;;
+*) echo "usage: bash bench/sessions/session19.sh a|b|c" >&2; exit 2 ;;
 esac
 stamp "done"

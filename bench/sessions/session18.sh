@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 18 (repo root on the device; carry .whl: the serve stack).
-#   bash bench/session18.sh a   what session 17 left unmeasured at HEAD, on a fresh machine: serve
+#   bash bench/sessions/session18.sh a   what session 17 left unmeasured at HEAD, on a fresh machine: serve
 #                               from a cold start to the first audio (fresh, restart), the low-rate
 #                               probe's cost, the quick GPU checks, sustained 1 / 64 / 256 (the
 #                               overflow check's sums in every step), a lone stream's first packet
@@ -28,6 +28,6 @@ a)
   stamp "layer by layer, 16 x 25 and 1 x 1"
   timeout "$(left 590)" python3 bench/layer_times.py bfloat16 16x25,1x1 2>&1 | grep -v Warning | tee "$OUT/layer_times.txt" | grep -E "^(===|by kind|sum)" | tee -a "$log"
   ;;
-*) echo "usage: bash bench/session18.sh a" >&2; exit 2 ;;
+*) echo "usage: bash bench/sessions/session18.sh a" >&2; exit 2 ;;
 esac
 stamp "done"

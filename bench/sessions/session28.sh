@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Session 28 (repo root on the device).
-#   bash bench/session28.sh a   the 96-channel unit as a CUDA C++ wgmma kernel (kernels/unit_window.py):
+#   bash bench/sessions/session28.sh a   the 96-channel unit as a CUDA C++ wgmma kernel (kernels/unit_window.py):
 #                               exactness against a float32 unit and the Triton unit, both timed (on a failure,
 #                               bench/unit_window_diag.py: which inputs the wrong outputs came from); if that
 #                               passes, the same kernel in the engine (LayerChoices.unit_window_rows=1): an
 #                               interleaved graph-replay A/B, then the quick GPU checks (its bf16 stream among them)
-#   bash bench/session28.sh b   the record alternating with the window unit and without, twice
+#   bash bench/sessions/session28.sh b   the record alternating with the window unit and without, twice
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 case "${1:-}" in
@@ -28,5 +28,5 @@ b)
   done
   ;;
 *)
-  echo "usage: bash bench/session28.sh a|b" >&2; exit 2 ;;
+  echo "usage: bash bench/sessions/session28.sh a|b" >&2; exit 2 ;;
 esac

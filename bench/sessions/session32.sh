@@ -3,12 +3,12 @@
 # history (LayerChoices.read_history, on by default): the pool rows and SnakeBeta of the
 # layer's input go straight into the window unit's shared-memory window or the output conv's
 # product, the new history back to the pool; no history concat before those four layers.
-#   bash bench/session32.sh a   the window unit against the history concat and a float32 unit
+#   bash bench/sessions/session32.sh a   the window unit against the history concat and a float32 unit
 #                               (bench/unit_window.py), the record alternating the default and
 #                               read_history=false twice, wide_tail=true (the 384/768-channel
 #                               units' 1x1 conv and residual as one GEMM) once; the quick GPU
 #                               checks; the output conv against the history concat (bench/mono_conv.py)
-#   bash bench/session32.sh b   every GPU check, a 16 x 25 and a 20 x 25 step layer by layer,
+#   bash bench/sessions/session32.sh b   every GPU check, a 16 x 25 and a 20 x 25 step layer by layer,
 #                               the wide tail's tiles (bench/wide_tail.py), the record again
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
@@ -38,5 +38,5 @@ b)
   sustained_levels default_3
   ;;
 *)
-  echo "usage: bash bench/session32.sh a|b" >&2; exit 2 ;;
+  echo "usage: bash bench/sessions/session32.sh a|b" >&2; exit 2 ;;
 esac

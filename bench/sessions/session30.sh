@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 30 (repo root on the device): the window unit (kernels/unit_window.py) passed its checks
 # in session28.sh a; here where it wins and the record with it.
-#   bash bench/session30.sh   its timings at many-row shapes, an interleaved graph-replay A/B over
+#   bash bench/sessions/session30.sh   its timings at many-row shapes, an interleaved graph-replay A/B over
 #                             the shapes a 256-stream step takes and many-row ones, then the record
 #                             alternating with the window unit (unit_window_rows=1) and without, twice
 source bench/device_env.sh

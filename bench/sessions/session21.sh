@@ -1,25 +1,25 @@
 #!/usr/bin/env bash
 # Session 21 (repo root on the device).
-#   bash bench/session21.sh a   the residual units of a 16 x 25 step under Nsight Compute (speed of
+#   bash bench/sessions/session21.sh a   the residual units of a 16 x 25 step under Nsight Compute (speed of
 #                               light, memory and L2, warp stalls, occupancy): 96 / 192 channels'
 #                               one-kernel units and a 384-channel unit's cuDNN conv (bench/unit_ncu.py)
-#   bash bench/session21.sh b   the one-kernel units with the weights (and windows) through tensor
+#   bash bench/sessions/session21.sh b   the one-kernel units with the weights (and windows) through tensor
 #                               descriptors and the K loop warp-specialized (UNIT_CONV_SWEEP=tmaw):
 #                               the sweep (8 compile shares first), the best tiles put in this copy,
 #                               the units under ncu with their stall reasons, graph replay per step
 #                               shape, sustained 256
-#   bash bench/session21.sh c   (at 4cf9007) the 96-channel unit as a Hopper kernel in Gluon
+#   bash bench/sessions/session21.sh c   (at 4cf9007) the 96-channel unit as a Hopper kernel in Gluon
 #                               (kernels/unit_wgmma.py: weights held in shared memory, each tap's rows
 #                               loaded into the MMAs' register operand) against the Triton unit
 #                               (bench/unit_wgmma.py: per dilation and shape, time, the outputs'
 #                               difference, SNR vs float32); graph replay per step shape and sustained
 #                               1 / 64 / 256, default vs layers.unit_wgmma=true
-#   bash bench/session21.sh d   the 192-channel sweep call b could not finish, in two processes (the
+#   bash bench/sessions/session21.sh d   the 192-channel sweep call b could not finish, in two processes (the
 #                               descriptor tilings, then the warp-specialized ones); not run: no
 #                               machine was lent when it was asked for
-#   bash bench/session21.sh e   (at 6685d63) c again, the rows loaded 16 bytes a thread and moved into
+#   bash bench/sessions/session21.sh e   (at 6685d63) c again, the rows loaded 16 bytes a thread and moved into
 #                               the operand layout within each warp, the kernel from 100k samples
-#   bash bench/session21.sh f   (at 63b6659) e with one step's MMAs in flight; no sustained load
+#   bash bench/sessions/session21.sh f   (at 63b6659) e with one step's MMAs in flight; no sustained load
 # The Hopper kernel, its knob and bench/unit_wgmma.py were reverted after f (BENCHMARKS.md).
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
@@ -79,6 +79,6 @@ d)
   ;;
 e) hopper_unit unitwgmma=100000 layers.unit_wgmma_rows=100000 ;;
 f) hopper_unit unitwgmma=100000 "" ;;
-*) echo "usage: bash bench/session21.sh a|b|c|d|e|f" >&2; exit 2 ;;
+*) echo "usage: bash bench/sessions/session21.sh a|b|c|d|e|f" >&2; exit 2 ;;
 esac
 stamp "done"

@@ -6,15 +6,15 @@
 # alternating (TTFP moves ~20 us between processes: one pair says little); restores_in_step at
 # 64 / 256 streams; the service at one stream with and without a cached prefix
 # (restores_in_step on), from a client process.
-# `bash bench/session40.sh default` (once restores_in_step is on by default where its kernel runs):
+# `bash bench/sessions/session40.sh default` (once restores_in_step is on by default where its kernel runs):
 # the default config's choice printed, then the cached voice at one stream in four processes and at
 # 64 / 256 streams with nothing set but the cache.
-# `bash bench/session40.sh order`: the phase order's part: at one stream the cached voice first,
+# `bash bench/sessions/session40.sh order`: the phase order's part: at one stream the cached voice first,
 # then none, three times in one process (two processes); then 512 streams on a ramped chunk
 # schedule (1, 4, 8, 16, then 25 frames), none against a cached voice.
-# `bash bench/session40.sh abba`: the same, each form twice in the order none, cached, cached,
+# `bash bench/sessions/session40.sh abba`: the same, each form twice in the order none, cached, cached,
 # none (drift within a process falls on both alike): 512 streams ramped, then one stream.
-# `bash bench/session40.sh abba2`: 512 streams ramped, with the restore's own launch
+# `bash bench/sessions/session40.sh abba2`: 512 streams ramped, with the restore's own launch
 # (restores_in_step=false) and then inside the step, in the same order (one process each).
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Session 22 (repo root on the device).
-#   bash bench/session22.sh a   a step's attention as one kernel a layer (kernels/attention.py,
+#   bash bench/sessions/session22.sh a   a step's attention as one kernel a layer (kernels/attention.py,
 #                               LayerChoices.attention_frames): the quick GPU checks, graph replay per
 #                               step shape and the eager steps' kernels (default vs attention_frames=0),
 #                               the 1 x 1 step layer by layer, a lone stream's first packet back to back,
 #                               sustained 1 / 64 / 256 both ways (call 1 at 4777390; call 2 at the next
 #                               commit: the history written back from registers, 8 warps; Triton's
 #                               cache kept for call 3: it came back too large, 18 MB)
-#   bash bench/session22.sh b   (call 3) the RoPE angles computed in the attention kernel (no tables):
+#   bash bench/sessions/session22.sh b   (call 3) the RoPE angles computed in the attention kernel (no tables):
 #                               the quick GPU checks, graph replay default vs attention_frames=0, the
 #                               1 x 1 step layer by layer, a lone stream's first packet back to back,
 #                               sustained 1 / 64 / 256 at the default
@@ -38,6 +38,6 @@ b)
   FIRST_PACKET_PAUSE_MS=0 timeout 120 python3 bench/first_packet.py 300 2>&1 | tee "$OUT/first_packet.txt" | tail -14 | tee -a "$log"
   sustained_levels default
   ;;
-*) echo "usage: bash bench/session22.sh a|b"; exit 2 ;;
+*) echo "usage: bash bench/sessions/session22.sh a|b"; exit 2 ;;
 esac
 stamp done

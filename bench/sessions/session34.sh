@@ -2,14 +2,14 @@
 # Session 34 (repo root on the device): the 384-channel units' tail as one CUDA C++ kernel
 # (kernels/tail_wide.py, layers.tail_wide_rows), and one or two warpgroups filling the window
 # unit's windows (layers.window_producers).
-#   bash bench/session34.sh a   the tail kernel alone against its three passes (bench/tail_wide.py:
+#   bash bench/sessions/session34.sh a   the tail kernel alone against its three passes (bench/tail_wide.py:
 #                               checks and timings at both tilings; then under ncu), then the record
 #                               alternating the default and tail_wide_rows=1 at each tiling
 #                               (call 1 ran an earlier form: the tail kernel's check and timings at
 #                               128 rows, the window unit with one and two filling warpgroups
 #                               (bench/unit_window.py), the record with window_producers=2 and without)
-#   bash bench/session34.sh c   a short form of a (no ncu, 1 and 256 streams) for a call of ~5 minutes
-#   bash bench/session34.sh b   every GPU check (bench/gpu_check.py, 400 s), then the record at the default
+#   bash bench/sessions/session34.sh c   a short form of a (no ncu, 1 and 256 streams) for a call of ~5 minutes
+#   bash bench/sessions/session34.sh b   every GPU check (bench/gpu_check.py, 400 s), then the record at the default
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 case "${1:-}" in
@@ -50,5 +50,5 @@ b)
   sustained_levels default_1
   ;;
 *)
-  echo "usage: bash bench/session34.sh a|b" >&2; exit 2 ;;
+  echo "usage: bash bench/sessions/session34.sh a|b" >&2; exit 2 ;;
 esac

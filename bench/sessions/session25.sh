@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Session 25 (repo root on the device).
-#   bash bench/session25.sh a   small steps' weights prefetched into L2 on a side branch of the graph
+#   bash bench/sessions/session25.sh a   small steps' weights prefetched into L2 on a side branch of the graph
 #                               (bench/l2_prefetch.py), cuBLAS or the skinny kernel for the half
 #                               products; graph replay per shape with the small-step knobs: full convs
 #                               as GEMMs up to 160 / 640 samples, the one-kernel unit from 700 samples
-#   bash bench/session25.sh b   what fewer launches would buy small steps (bench/launch_budget.py); the
+#   bash bench/sessions/session25.sh b   what fewer launches would buy small steps (bench/launch_budget.py); the
 #                               bench's one stream with skinny_half off and on, alternating, twice
-#   bash bench/session25.sh c   the one-frame step's norms, gate, GELU, layer scale and residual inside its
+#   bash bench/sessions/session25.sh c   the one-frame step's norms, gate, GELU, layer scale and residual inside its
 #                               products (skinny_half, now the default): launch_budget, graph replay per
 #                               shape both ways, the quick GPU checks, the record (sustained 1 / 64 / 256)
-#   bash bench/session25.sh d   the tree before that change (ab_old/, carried) and after, alternating
+#   bash bench/sessions/session25.sh d   the tree before that change (ab_old/, carried) and after, alternating
 #                               processes: graph replay 1 x 1 and 16 x 25, then sustained 1 / 64 / 256
-#   bash bench/session25.sh e   the record (sustained 1 / 64 / 256) in three processes, one start
+#   bash bench/sessions/session25.sh e   the record (sustained 1 / 64 / 256) in three processes, one start
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 case "${1:-}" in
@@ -71,6 +71,6 @@ d)
 e)
   for i in 1 2 3; do sustained_levels "record_$i"; done
   ;;
-*) echo "usage: bash bench/session25.sh a|b|c|d|e" >&2; exit 2 ;;
+*) echo "usage: bash bench/sessions/session25.sh a|b|c|d|e" >&2; exit 2 ;;
 esac
 stamp "done"

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Session 36 (repo root on the device): a cached voice's first packet.
-#   bash bench/session36.sh a   (call 1, H100, at 406ea23) the record's prefix form (8 voices, every one
+#   bash bench/sessions/session36.sh a   (call 1, H100, at 406ea23) the record's prefix form (8 voices, every one
 #                               warmed before the timed window) at one stream; a cached voice's first and
 #                               second push against a fresh stream's, timed and profiled
 #                               (bench/prefix_first_packet.py); the prefix form at 64 / 256 streams
-#   bash bench/session36.sh b   (call 2, H100, at 0923e60) the restore as one launch (kernels/slot_copy.py): its cost and exactness
+#   bash bench/sessions/session36.sh b   (call 2, H100, at 0923e60) the restore as one launch (kernels/slot_copy.py): its cost and exactness
 #                               against the foreach copy (bench/restore_cost.py), then as call 1
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
@@ -28,5 +28,5 @@ b)
   keep_triton_cache
   ;;
 *)
-  echo "usage: bash bench/session36.sh a|b" >&2; exit 2 ;;
+  echo "usage: bash bench/sessions/session36.sh a|b" >&2; exit 2 ;;
 esac

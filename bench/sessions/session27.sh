@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Session 27 (repo root on the device).
-#   bash bench/session27.sh a   the priority stream as on main (EngineConfig.priority_step_frames, off by
+#   bash bench/sessions/session27.sh a   the priority stream as on main (EngineConfig.priority_step_frames, off by
 #                               default): bench/priority_check.py (float32 exactness with it and without,
 #                               many streams at once), then the record alternating with and without it, twice
-#   bash bench/session27.sh b   the one-kernel units with a K step of a whole or half tap (two power-of-two
+#   bash bench/sessions/session27.sh b   the one-kernel units with a K step of a whole or half tap (two power-of-two
 #                               products a step): the sweep (UNIT_CONV_SWEEP=ksteps python3 bench/unit_conv.py,
 #                               after 8 compile shares), its best tiles put in this copy, the record alternating
 #                               with them and with today's tiles, twice
@@ -39,6 +39,6 @@ b)
   done
   keep_triton_cache
   ;;
-*) echo "usage: bash bench/session27.sh a|b" >&2; exit 2 ;;
+*) echo "usage: bash bench/sessions/session27.sh a|b" >&2; exit 2 ;;
 esac
 stamp "done"

@@ -7,7 +7,7 @@
 # off by default); the record's prefix form at one stream: this tree, with restores_in_step,
 # the tree in _base (a04bcd0: `mkdir _base && git archive a04bcd0 code2wav | tar -x -C _base`);
 # the service at one stream with and without a cached prefix.
-# `bash bench/session39.sh short`: the two first-push runs alone (what ~90 s of device time holds).
+# `bash bench/sessions/session39.sh short`: the two first-push runs alone (what ~90 s of device time holds).
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 if [ "${1:-}" != short ]; then

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Session 23 (repo root on the device).
-#   bash bench/session23.sh a   a few-row step's transformer layers as one persistent kernel each
+#   bash bench/sessions/session23.sh a   a few-row step's transformer layers as one persistent kernel each
 #                               (kernels/layer.py, LayerChoices.layer_kernel_rows): both ways' outputs
 #                               and the front pass's replay per shape (bench/layer_kernel.py), graph
 #                               replay per step shape default vs layer_kernel_rows=0, sustained 1 / 64
 #                               / 256 both ways (ran at 3cb714e; the kernel and bench/layer_kernel.py were
 #                               reverted since, they are at 28d6792)
-#   bash bench/session23.sh b   this session's host-path changes: a lone stream's first packet back to
+#   bash bench/sessions/session23.sh b   this session's host-path changes: a lone stream's first packet back to
 #                               back, before (ab_old/, 210e2a6) and after, alternating; sustained 1 / 64
 #                               / 256 both ways; the quick GPU checks in what time is left
 source bench/device_env.sh
@@ -38,6 +38,6 @@ b)
   stamp "quick GPU checks"
   timeout $((560 - (SECONDS - T0))) python3 bench/gpu_check.py --quick 2>&1 | tee "$OUT/gpu_check.txt" | grep -E "PASS|FAIL|dB|ok" | tee -a "$log"
   ;;
-*) echo "usage: bash bench/session23.sh a|b"; exit 2 ;;
+*) echo "usage: bash bench/sessions/session23.sh a|b"; exit 2 ;;
 esac
 stamp done

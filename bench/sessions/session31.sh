@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Session 31 (repo root on the device): the window unit (kernels/unit_window.py, one tile at a
 # time) is the default on sm90 (LayerChoices.unit_window_rows=1).
-#   bash bench/session31.sh a   the quick GPU checks at the new default (its bf16 stream, and the
+#   bash bench/sessions/session31.sh a   the quick GPU checks at the new default (its bf16 stream, and the
 #                               Triton units' beside it), then the record alternating the default and
 #                               the Triton units (unit_window_rows=0), twice
-#   bash bench/session31.sh b   `code2wav serve` from a cold start to its first audio on a fresh
+#   bash bench/sessions/session31.sh b   `code2wav serve` from a cold start to its first audio on a fresh
 #                               machine, every GPU check (graph == eager at every captured shape, the
 #                               window unit in them), then the cold start again (caches warm)
-#   bash bench/session31.sh c   the service from a cold start, then at load from 4 client processes (1 x 1,
+#   bash bench/sessions/session31.sh c   the service from a cold start, then at load from 4 client processes (1 x 1,
 #                               4 x 16, 4 x 64 on kept connections, 4 x 64 a connection each), in-process
 #                               1 / 64 / 256 on the same start, and a large step's layers (bench/layer_times.py)
 source bench/device_env.sh
@@ -40,5 +40,5 @@ c)
   timeout 150 python3 bench/layer_times.py bfloat16 16x25,20x25 2>&1 | grep -v Warning | tee "$OUT/layer_times.txt" | tail -n 60
   ;;
 *)
-  echo "usage: bash bench/session31.sh a|b|c" >&2; exit 2 ;;
+  echo "usage: bash bench/sessions/session31.sh a|b|c" >&2; exit 2 ;;
 esac

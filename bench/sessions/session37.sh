@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Session 37 (repo root on the device): a cached voice's first packet at one stream.
-#   bash bench/session37.sh a   the restore's launch (kernels/slot_copy.py called by its compiled launcher
+#   bash bench/sessions/session37.sh a   the restore's launch (kernels/slot_copy.py called by its compiled launcher
 #                               directly, through Triton's, the foreach copy: bench/restore_cost.py); a
 #                               cached voice's first push beside a fresh stream's and one restored ahead,
 #                               timed and laid out in time (bench/prefix_first_packet.py, its trace kept);
 #                               the record's prefix form at one stream (twice), the cold start to first
 #                               audio at the default, the prefix form at 64 / 256 streams
-#   bash bench/session37.sh b   a's first two runs, shorter
+#   bash bench/sessions/session37.sh b   a's first two runs, shorter
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 first_push() {  # $1: restore_cost.py's calls, $2: prefix_first_packet.py's pairs
@@ -32,5 +32,5 @@ b)  # the first two runs only, shorter (what device time is left)
   first_push 1000 20
   ;;
 *)
-  echo "usage: bash bench/session37.sh a|b" >&2; exit 2 ;;
+  echo "usage: bash bench/sessions/session37.sh a|b" >&2; exit 2 ;;
 esac

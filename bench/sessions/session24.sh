@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Session 24 (repo root on the device).
-#   bash bench/session24.sh a   thread hand-offs on this host (bench/wakeups.py), then a lone stream's
+#   bash bench/sessions/session24.sh a   thread hand-offs on this host (bench/wakeups.py), then a lone stream's
 #                               first packet and sustained 1 / 64 / 256, each without and with a
 #                               PM QoS request holding /dev/cpu_dma_latency at 0 (another process)
-#   bash bench/session24.sh b   the hand-offs again with a lone stream's whole cycle; the worker's spin
+#   bash bench/sessions/session24.sh b   the hand-offs again with a lone stream's whole cycle; the worker's spin
 #                               (AsyncEngine.spin_s) 0 vs 2 ms: first packet push by push, the bench's
 #                               one stream in four processes, sustained 1 / 64 / 256 with it
-#   bash bench/session24.sh c   hand-offs with the threads pinned, with and without a SCHED_IDLE spinner
+#   bash bench/sessions/session24.sh c   hand-offs with the threads pinned, with and without a SCHED_IDLE spinner
 #                               on each CPU (it never goes idle); the bench's one stream unpinned, on one
 #                               CPU, on two with the spinners; the legs; sustained on one CPU
-#   bash bench/session24.sh d   sustained 1 / 64 / 256 unpinned and on one CPU (taskset -c 2), alternating
+#   bash bench/sessions/session24.sh d   sustained 1 / 64 / 256 unpinned and on one CPU (taskset -c 2), alternating
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 qos_on() {  # a process holding the request: the kernel drops it when the file closes
@@ -87,6 +87,6 @@ d)
     rm -f "$OUT/cpu2_$i/plot.png" "$OUT/unpinned_$i.txt" "$OUT/cpu2_$i.txt"
   done
   ;;
-*) echo "usage: bash bench/session24.sh a|b|c|d"; exit 2 ;;
+*) echo "usage: bash bench/sessions/session24.sh a|b|c|d"; exit 2 ;;
 esac
 stamp done

@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
 # Session 26 (repo root on the device).
-#   bash bench/session26.sh a   steps on two CUDA streams (bench/two_streams.py): a large step beside a
+#   bash bench/sessions/session26.sh a   steps on two CUDA streams (bench/two_streams.py): a large step beside a
 #                               small one, two large ones alternating; the default step's kernels
 #   (b and c ran at 105ab9f, where LayerChoices.unit_feed exists; it was reverted after them)
-#   bash bench/session26.sh b   a one-kernel unit writing the next unit's concat (LayerChoices.unit_feed):
+#   bash bench/sessions/session26.sh b   a one-kernel unit writing the next unit's concat (LayerChoices.unit_feed):
 #                               the quick GPU checks (bit for bit against unit_feed off), graph replay per
 #                               shape both ways, the record (sustained 1 / 64 / 256) both ways
-#   bash bench/session26.sh c   the same with the feed at the samples form's width only (192): graph replay
+#   bash bench/sessions/session26.sh c   the same with the feed at the samples form's width only (192): graph replay
 #                               interleaved in one process (bench/replay_ab.py), the record alternating, twice
 #   (d and e ran at 6690a75, where EngineConfig.side_step_frames and bench/side_check.py existed, d before its
 #    last change; they are back since, as priority_step_frames (off by default) and bench/priority_check.py)
-#   bash bench/session26.sh d   small steps on a second CUDA stream (EngineConfig.side_step_frames): the
+#   bash bench/sessions/session26.sh d   small steps on a second CUDA stream (EngineConfig.side_step_frames): the
 #                               multi-stream exactness check (bench/side_check.py), the record with and without
-#   bash bench/session26.sh e   the same at 64 and 256 streams, the stacks dumped if it hangs
-#   (g, the priority stream as on main, never ran in this session: it ran as bench/session27.sh a)
-#   bash bench/session26.sh f [one|two|both]   two graphs replayed at once (bench/shared_workspace.py): captured on
+#   bash bench/sessions/session26.sh e   the same at 64 and 256 streams, the stacks dumped if it hangs
+#   (g, the priority stream as on main, never ran in this session: it ran as bench/sessions/session27.sh a)
+#   bash bench/sessions/session26.sh f [one|two|both]   two graphs replayed at once (bench/shared_workspace.py): captured on
 #                               one stream or two
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
@@ -61,6 +61,6 @@ f)
   stamp "two graphs at once on two streams, captured on one capture stream or on two"
   timeout 150 python3 bench/shared_workspace.py 6 "${2:-both}" 2>&1 | tee "$OUT/shared_workspace.txt" | tail -5 | tee -a "$log"
   ;;
-*) echo "usage: bash bench/session26.sh a|b|c|d|e|f" >&2; exit 2 ;;
+*) echo "usage: bash bench/sessions/session26.sh a|b|c|d|e|f" >&2; exit 2 ;;
 esac
 stamp "done"

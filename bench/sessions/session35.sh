@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Session 35 (repo root on the device): the 192-channel units as one CUDA C++ kernel with streamed
 # weights (kernels/unit_streamed.py, layers.unit_streamed_rows).
-#   bash bench/session35.sh a   the kernel alone against the concat + Triton unit (bench/unit_streamed.py:
+#   bash bench/sessions/session35.sh a   the kernel alone against the concat + Triton unit (bench/unit_streamed.py:
 #                               checks, both stagings, timings), then the record at 1 and 256
 #                               streams alternating the default and unit_streamed_rows=1
-#   bash bench/session35.sh c   call 2: the kernel's checks and timings (the pool rows loaded in batches,
+#   bash bench/sessions/session35.sh c   call 2: the kernel's checks and timings (the pool rows loaded in batches,
 #                               the Triton unit with channels-last weights as the decoder's), the
 #                               record alternating the new default (unit_streamed_rows=16384) and 0,
 #                               then the quick GPU checks
-#   bash bench/session35.sh d   (not run in session 35: no device time left) a cached voice's first
+#   bash bench/sessions/session35.sh d   (not run in session 35: no device time left) a cached voice's first
 #                               packet against a fresh stream's, timed and profiled
 #                               (bench/prefix_first_packet.py), then the record's prefix form at one stream
-#   bash bench/session35.sh b   every GPU check (bench/gpu_check.py, 400 s), then the record at the default
+#   bash bench/sessions/session35.sh b   every GPU check (bench/gpu_check.py, 400 s), then the record at the default
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 short() { stamp "sustained 1 / 256: $1"; local name=$1; shift
@@ -53,5 +53,5 @@ b)
   sustained_levels default_1
   ;;
 *)
-  echo "usage: bash bench/session35.sh a|b|c|d" >&2; exit 2 ;;
+  echo "usage: bash bench/sessions/session35.sh a|b|c|d" >&2; exit 2 ;;
 esac

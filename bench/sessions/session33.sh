@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Session 33 (repo root on the device): where the 96-channel window unit's time goes.
-#   bash bench/session33.sh a   the window unit under ncu at 16 x 25, d = 1 and 9 (bench/window_ncu.py):
+#   bash bench/sessions/session33.sh a   the window unit under ncu at 16 x 25, d = 1 and 9 (bench/window_ncu.py):
 #                               throughput, stall reasons, shared-memory wavefronts and bank
 #                               conflicts, the tensor pipe, and stall samples per SASS line;
 #                               then every GPU check (bench/gpu_check.py)
-#   bash bench/session33.sh b   the window unit with the next window's fill between the conv's taps,
+#   bash bench/sessions/session33.sh b   the window unit with the next window's fill between the conv's taps,
 #                               its warpgroups a half tile apart (ping-pong) or in step: checks and
 #                               timings (bench/unit_window.py), ncu at d=9, the record for both
-#   bash bench/session33.sh c   the same for a warp-specialized window unit (a third warpgroup fills
+#   bash bench/sessions/session33.sh c   the same for a warp-specialized window unit (a third warpgroup fills
 #                               the windows) against the one filling them between the taps
-#   bash bench/session33.sh d   every GPU check (400 s; call 4 ran it under 280 s, too few on a fresh
+#   bash bench/sessions/session33.sh d   every GPU check (400 s; call 4 ran it under 280 s, too few on a fresh
 #                               machine), then the record at the default (the warp-specialized unit alone)
-#   bash bench/session33.sh e   (not yet run) one or two warpgroups filling the window unit's windows
+#   bash bench/sessions/session33.sh e   (not yet run) one or two warpgroups filling the window unit's windows
 #                               (layers.window_producers): checks, timings, the record alternating
 #   (b and c ran A/B forms selected by environment variables that were dropped with the losers:
 #   BENCHMARKS.md, session 33)
@@ -65,5 +65,5 @@ d)
   sustained_levels default_1
   ;;
 *)
-  echo "usage: bash bench/session33.sh a|b|c|d|e" >&2; exit 2 ;;
+  echo "usage: bash bench/sessions/session33.sh a|b|c|d|e" >&2; exit 2 ;;
 esac

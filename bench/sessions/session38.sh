@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Session 38 (repo root on the device): a cached voice's first packet at one stream, with the
 # prefix looked up when the stream opens and restored on the priority stream where there is one.
-#   bash bench/session38.sh a   why the restore's direct launch is (not) in use and what each
+#   bash bench/sessions/session38.sh a   why the restore's direct launch is (not) in use and what each
 #                               launch costs (bench/restore_cost.py); the first push beside a fresh
 #                               stream's, synchronously and through the async engine as
 #                               code2wav.bench times it (bench/prefix_first_packet.py, its trace
 #                               kept); the record's prefix form at one stream alternating with the
 #                               tree in _base (the commit before, where present: a04bcd0), twice
 #                               each; 64 / 256 streams
-#   bash bench/session38.sh b   the restore's cost, then one stream against _base once (short)
+#   bash bench/sessions/session38.sh b   the restore's cost, then one stream against _base once (short)
 # _base (ignored; carry it): `mkdir _base && git archive a04bcd0 code2wav | tar -x -C _base`.
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
@@ -37,5 +37,5 @@ b)  # what little device time is left: whether the direct launch is in use now, 
   [ -d _base ] && base_levels prefix_1_base_1 1
   ;;
 *)
-  echo "usage: bash bench/session38.sh a|b" >&2; exit 2 ;;
+  echo "usage: bash bench/sessions/session38.sh a|b" >&2; exit 2 ;;
 esac

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Session 17 (repo root on the device; carry .tcache where there is one). Two calls:
-#   bash bench/session17.sh a   the ConvTransposes' kernel (kernels/convt.py): its tile sweep in 8
+#   bash bench/sessions/session17.sh a   the ConvTransposes' kernel (kernels/convt.py): its tile sweep in 8
 #                               compile shares, the best tiles put in this copy, graph replay per step
 #                               shape both ways; Triton's cache back as $OUT/triton.tgz
-#   bash bench/session17.sh b   (the tiles committed) the sweep's whole table again, sustained 1 / 256 with the defaults, with the
+#   bash bench/sessions/session17.sh b   (the tiles committed) the sweep's whole table again, sustained 1 / 256 with the defaults, with the
 #                               ConvTransposes as one kernel, and with float16 low-rate stages on top;
 #                               then the quick GPU checks
-#   bash bench/session17.sh c   the new defaults (low_rate_dtype auto, the last ConvTranspose as one
+#   bash bench/sessions/session17.sh c   the new defaults (low_rate_dtype auto, the last ConvTranspose as one
 #                               kernel): serve from a cold start twice, sustained 1 / 64 / 256 with
 #                               them and with float32 low-rate stages, the quick GPU checks (its
 #                               cold starts failed: the serve stack's wheels were not carried)
-#   bash bench/session17.sh d   (carry .whl) serve from a cold start to the first audio: the default
+#   bash bench/sessions/session17.sh d   (carry .whl) serve from a cold start to the first audio: the default
 #                               on a fresh machine and on a restart, then float32 low-rate stages
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
@@ -70,7 +70,7 @@ d)
       | tee "$OUT/cold_$name.txt" | grep -v '^{"' | tail -n 6 | tee -a "$log"
   done
   ;;
-*) echo "usage: bash bench/session17.sh a|b|c|d" >&2; exit 2 ;;
+*) echo "usage: bash bench/sessions/session17.sh a|b|c|d" >&2; exit 2 ;;
 esac
 stamp "done"
 if [ "$1" = c ] || [ "$1" = d ]; then rm -f "$OUT"/*/plot.png; else keep_triton_cache | tee -a "$log"; fi  # c: what comes back is counted

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Session 20 (repo root on the device).
-#   bash bench/session20.sh a   Triton kernels launched with programmatic dependent launch
+#   bash bench/sessions/session20.sh a   Triton kernels launched with programmatic dependent launch
 #                               (LayerChoices.pdl, kernels/pdl.py) or plainly: graph replay per step
 #                               shape both ways (one process), the quick GPU checks (the other
 #                               setting's fp32 stream vs float64 among them), a lone stream's first
 #                               packet leg by leg back to back, sustained 1 / 64 / 256 both ways
-#   bash bench/session20.sh b   larger steps: sustained 64 / 256 at a 480- (the default), 720- and
+#   bash bench/sessions/session20.sh b   larger steps: sustained 64 / 256 at a 480- (the default), 720- and
 #                               960-frame budget (max_batch_frames; the graph pool beside each); the
 #                               worker's host work on a lone stream's first packets under cProfile
-#   bash bench/session20.sh c   a step's front and back as two graphs on two CUDA streams, the
+#   bash bench/sessions/session20.sh c   a step's front and back as two graphs on two CUDA streams, the
 #                               next step's front beside this step's back (bench/overlap.py)
-#   bash bench/session20.sh d   the one-kernel units reading their taps themselves (no concat:
+#   bash bench/sessions/session20.sh d   the one-kernel units reading their taps themselves (no concat:
 #                               LayerChoices.unit_conv_reads) vs the default: graph replay per shape
 #                               and the same steps' audio both ways (bench/unit_reads.py; at f02966b:
 #                               the knob and the script were reverted after it, BENCHMARKS.md)
@@ -50,6 +50,6 @@ d)
   stamp "units reading their taps vs after the concat: replay and audio"
   timeout "$(left 175)" python3 bench/unit_reads.py bfloat16 50 2>&1 | tee "$OUT/unit_reads.txt" | tail -n 12 | tee -a "$log"
   ;;
-*) echo "usage: bash bench/session20.sh a|b|c|d" >&2; exit 2 ;;
+*) echo "usage: bash bench/sessions/session20.sh a|b|c|d" >&2; exit 2 ;;
 esac
 stamp "done"
