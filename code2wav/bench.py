@@ -157,8 +157,7 @@ def _padding_pct(work: "list[tuple[int, int]]") -> float:
 
 
 def _small_steps_pct(steps: "list[float]", widths: "list[int]", frames: int = 8) -> float:
-    """Share of the step time spent in forwards of at most ``frames`` padded frames a row: the
-    size class of first chunks, whose forwards cost a GPU step each for little audio."""
+    """Share of the step time in forwards of at most ``frames`` padded frames a row (first chunks' size class: a step each for little audio)."""
     total = sum(steps)
     return 100 * sum(s for s, w in zip(steps, widths) if w <= frames) / total if total else float("nan")
 
@@ -250,12 +249,12 @@ def run(
                 if cuda:
                     torch.cuda.synchronize()
                     torch.cuda.reset_peak_memory_stats()
-                c0, cpu0 = core.prefix_cache_stats() or {"hits": 0, "misses": 0}, time.process_time()
+                c0, cpu0 = core.prefix_cache_stats() or {}, time.process_time()
                 m = asyncio.run(_workload(core, c, frames, schedule, prefix_frames, stagger_s, seed=c, seconds=seconds, pace=pace, voices=voices))
                 c1, cpu_s = core.prefix_cache_stats() or c0, time.process_time() - cpu0  # the run's alone
-                hits, looked_up = c1["hits"] - c0["hits"], c1["hits"] + c1["misses"] - c0["hits"] - c0["misses"]
-                g = core.runner_stats() or {}
-                audio_s = m.samples / core.cfg.sample_rate
+                d = {k: c1[k] - c0[k] for k in c1}  # the run's own counts (none without a cache)
+                hits, misses, alone, paired = (d.get(k, 0) for k in ("hits", "misses", "restored_alone", "restored_in_step"))
+                g, audio_s = core.runner_stats() or {}, m.samples / core.cfg.sample_rate
                 results.append(
                     Result(
                         mode=mode,
@@ -280,7 +279,8 @@ def run(
                         graph_fallbacks=sum(g.get("fallbacks", {}).values()),
                         sustained_s=seconds,
                         pace=pace,
-                        prefix_hit_pct=100 * hits / looked_up if looked_up else float("nan"),
+                        prefix_hit_pct=100 * hits / (hits + misses) if hits + misses else float("nan"),
+                        prefix_alone_pct=100 * alone / (alone + paired) if alone + paired else float("nan"),
                         stalled_pct=100 * float(np.mean(np.asarray(m.stalls) > 1e-3)) if m.stalls else float("nan"),
                         stall_p99_ms=_pct(m.stalls, 99),
                         padding_pct=_padding_pct(m.work),

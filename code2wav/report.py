@@ -41,6 +41,7 @@ class Result:
     small_steps_pct: float = float("nan")  # exact modes: share of the window's step time in forwards of <= 8 padded frames a row
     first_chunk_wait_ms: float = 0.0  # how long first chunks could wait to gather (SchedulePolicy.first_chunk_wait)
     prefix_hit_pct: float = float("nan")  # with a prefix cache: prefixed opens in the window's run served from it
+    prefix_alone_pct: float = float("nan")  # of the run's restores, those by a launch of their own (not a step's restore pairs)
     # CPU time of the whole process (every thread: the engine's worker, the event loop, the bench's
     # own clients) over the run, per stream ended in it: the host's cost of a stream
     host_cpu_us: float = float("nan")
@@ -48,13 +49,14 @@ class Result:
 
 def table(results: list[Result]) -> str:
     head = (f"{'mode':<12}{'c':>5}{'pfx':>5}{'wait':>5}{'x RT':>9}{'step p50':>10}{'step p99':>10}{'TTFP p50':>10}{'TTFP p99':>10}{'chunk p99':>10}"
-            f"{'pad%':>6}{'rows':>6}{'small%':>7}{'stalled%':>9}{'stall p99':>10}{'pool MB':>9}{'graph MB':>9}{'peak MB':>9}{'hit%':>6}{'CPU us':>8}")
+            f"{'pad%':>6}{'rows':>6}{'small%':>7}{'stalled%':>9}{'stall p99':>10}{'pool MB':>9}{'graph MB':>9}{'peak MB':>9}{'hit%':>6}"
+            f"{'alone%':>7}{'CPU us':>8}")
     lines = [head, "-" * len(head)]
     for r in results:
         lines.append(
             f"{r.mode:<12}{r.concurrency:>5}{r.prefix_frames:>5}{r.first_chunk_wait_ms:>5.0f}{r.throughput_x:>9.1f}{r.step_p50_ms:>10.2f}{r.step_p99_ms:>10.2f}"
             f"{r.ttfp_p50_ms:>10.2f}{r.ttfp_p99_ms:>10.2f}{r.chunk_p99_ms:>10.2f}{r.padding_pct:>6.1f}{r.rows_per_step:>6.1f}{r.small_steps_pct:>7.1f}{r.stalled_pct:>9.1f}{r.stall_p99_ms:>10.2f}{r.mem_state_pool_mb:>9.0f}"
-            f"{r.mem_graph_pool_mb:>9.0f}{r.mem_peak_mb:>9.0f}{r.prefix_hit_pct:>6.1f}{r.host_cpu_us:>8.0f}"
+            f"{r.mem_graph_pool_mb:>9.0f}{r.mem_peak_mb:>9.0f}{r.prefix_hit_pct:>6.1f}{r.prefix_alone_pct:>7.1f}{r.host_cpu_us:>8.0f}"
         )
     return "\n".join(lines)
 

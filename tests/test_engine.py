@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 
 import numpy as np
@@ -935,9 +936,10 @@ def test_bench_warms_every_voice_before_the_timed_run(m):
     rows = bench.run(m, ["exact-eager"], [6], frames=3, schedule=[1, 2], prefixes=(3,), stagger_s=0.0, progress=False,
                      warm_eager=False, base=base, voices=6)
     assert rows[0].prefix_hit_pct == 100.0 and rows[0].streams == 6
+    assert rows[0].prefix_alone_pct == 100.0  # on CPU every restore is a launch of its own (no restores_in_step)
     cold = bench.run(m, ["exact-eager"], [6], frames=3, schedule=[1, 2], prefixes=(3,), stagger_s=0.0, progress=False,
                      warm_eager=False, base=base, voices=0)  # each stream its own prefix: nothing to warm
-    assert cold[0].prefix_hit_pct == 0.0
+    assert cold[0].prefix_hit_pct == 0.0 and math.isnan(cold[0].prefix_alone_pct)  # no hit: nothing restored
 
 
 def test_bench_runs_each_level_once_per_first_chunk_wait(m, monkeypatch):

@@ -1184,7 +1184,8 @@ def test_a_cached_state_goes_in_inside_the_streams_first_step_and_equals_the_for
     staged, stage = [], engine.stager.stage
     monkeypatch.setattr(engine.stager, "stage", lambda group: staged.append(stage(group)) or staged[-1])
     got = stream_alone(engine, "hit", codes, 14, 8, [1, 4, 3])
-    assert engine.prefix_cache_stats()["hits"] == 1
+    stats = engine.prefix_cache_stats()
+    assert stats["hits"] == 1 and (stats["restored_in_step"], stats["restored_alone"]) == (1, 0)
     assert "write" not in launches and launches.count("write_pairs") == 3  # the kernel at every step's head
     assert close(got, want, 1e-4)
     assert len(staged) == 3 and not any(s.held for s in staged), "no snapshot held past its step"
@@ -1210,6 +1211,7 @@ def test_restores_past_a_steps_pairs_are_written_just_before_it(monkeypatch):
         engine.open(rid, voice)
     out = engine.decode({rid: t[:2] for rid, t in tails.items()})
     rest = engine.decode({rid: t[2:] for rid, t in tails.items()})
-    assert launches.count("write") == 1 and engine.prefix_cache_stats()["hits"] == 3
+    stats = engine.prefix_cache_stats()
+    assert launches.count("write") == 1 and stats["hits"] == 3 and (stats["restored_in_step"], stats["restored_alone"]) == (2, 1)
     for rid, t in tails.items():
         assert close(torch.cat([out[rid], rest[rid]]), forward_audio(m, torch.cat([voice, t]))[12 * 1920 :], 1e-4), rid

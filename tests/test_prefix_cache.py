@@ -239,3 +239,5 @@ def test_metrics_show_the_prefix_cache():
     text = asyncio.run(go())
     assert "code2wav_prefix_cache_hits_total 1.0" in text and "code2wav_prefix_cache_misses_total 1.0" in text
     assert "code2wav_prefix_cache_bytes " in text
+    # The hit's state went in by a launch of its own (restores_in_step is off on CPU)
+    assert 'code2wav_prefix_cache_restores_total{how="alone"} 1.0' in text and 'code2wav_prefix_cache_restores_total{how="step"} 0.0' in text

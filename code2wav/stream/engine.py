@@ -167,7 +167,8 @@ class StreamEngine(Lifecycle):
         return self.runner.stats()
 
     def prefix_cache_stats(self) -> dict[str, int] | None:
-        return self.prefill.cache.stats() if self.prefill.cache is not None else None
+        c = self.prefill.cache  # and how hits went into their slots: a step's restore pairs, or a launch of their own
+        return None if c is None else {**c.stats(), "restored_in_step": self.stager.restored_in_step, "restored_alone": self.pool.restored_alone}
 
     def _piece(self) -> int:
         """The most frames a row launches in one step: the runner's largest (a graph's frames

@@ -154,7 +154,9 @@ class Lifecycle:
         return None
 
     def prefix_cache_stats(self) -> dict[str, int] | None:
-        """The prefix cache's hits, misses, evictions, entries and bytes; None: no cache."""
+        """The prefix cache's hits, misses, evictions, entries and bytes, and how many cached states
+        went into their slots as a step's restore pairs (``restored_in_step``) or by a launch of
+        their own (``restored_alone``); None: no cache."""
         return None
 
     # -- helpers -----------------------------------------------------------------------------------

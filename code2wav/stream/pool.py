@@ -110,6 +110,7 @@ class StatePool:
         self._rows = [([b[s : s + 1] for b in self.buffers.values()], self.position[s : s + 1]) for s in range(rows)]
         self._layout: slot_copy.SlotLayout | None = None  # built at the first snapshot (prefix cache only)
         self.restores_in_step = False  # see enable_restores_in_step
+        self.restored_alone = 0  # snapshots written by ``restore`` (a launch of their own), not by a step's restore pairs
 
     @property
     def bytes_per_stream(self) -> int:
@@ -181,7 +182,8 @@ class StatePool:
 
     def restore(self, slot: int, state: Snapshot) -> None:
         """Write a ``snapshot`` into ``slot`` (in stream order on the pool's device): on CUDA one
-        launch (kernels/slot_copy.py), else ``restore_rows``."""
+        launch (kernels/slot_copy.py), else ``restore_rows``. Counted in ``restored_alone``."""
+        self.restored_alone += 1
         if slot_copy.applies(self.device):
             self.layout.write(slot, state.flat)
         else:

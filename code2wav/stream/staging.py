@@ -52,6 +52,7 @@ class Stager:
                  restore: Callable[[int, Any], None] | None = None):
         self.padded_shape, self.scratch_slot, self.q, self.pin = padded_shape, scratch_slot, num_quantizers, pin
         self.restore = restore
+        self.restored_in_step = 0  # cached states that went in as a step's restore pairs
         self._free: dict[tuple[int, int], list[Staged]] = {}
 
     def stage(self, group: Group) -> Staged:
@@ -81,8 +82,7 @@ class Stager:
         for slot, state in staged.restore_left:
             self.restore(slot, state)  # type: ignore[misc]
 
-    @staticmethod
-    def _restores(group: Group, staged: Staged) -> None:
+    def _restores(self, group: Group, staged: Staged) -> None:
         """Each row whose stream still waits for its cached state: a restore pair (the snapshot
         held until the step has run), or, past the step's pairs (``RESTORES``), ``restore_left``."""
         pairs = staged.arrays[3]
@@ -93,6 +93,7 @@ class Stager:
             if len(staged.held) < len(pairs):
                 pairs[len(staged.held)] = st.cached.flat.data_ptr(), st.slot
                 staged.held.append(st.cached)
+                self.restored_in_step += 1
             else:
                 staged.restore_left.append((st.slot, st.cached))
             st.cached = None
