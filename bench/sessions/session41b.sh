@@ -4,7 +4,8 @@
 # every restore fits its step's 8 pairs), with first chunks not gathering, and with a 1-frame
 # prefix, but +5.2 % at the default (16 gathered: past 8, restores by their own launch). Here, one
 # process each, in the order 8 / 16 / 16 / 8: the default against the step carrying 16 restore
-# pairs (stream/pool.py RESTORES, set before the engine is built).
+# pairs (stream/pool.py RESTORES, set before the engine is built). The table's `alone%` (since
+# b3a1dbb): the share of the run's restores that went by a launch of their own.
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 bench512() {  # $1 name, $2 RESTORES, $3 prefixes, then code2wav.bench's extra arguments
