@@ -198,14 +198,14 @@ class AsyncEngine:
         held = self._held.get(request_id) if error is not None else None
         if held is not None:
             self._settle(held, error)  # type: ignore[arg-type]
-        self._free(request_id, known)
+        self._free(request_id, known, self.engine.abort)
         self._idle_work_later()
 
-    def _free(self, request_id: str, known: bool, end: Callable[[str], object] | None = None) -> None:
-        """End the stream in the core (``end``, else its abort). One opened here (``known``) the core
-        may have ended on its own, even just now (reaped, a failed prefill): nothing left to free."""
+    def _free(self, request_id: str, known: bool, end: Callable[[str], object]) -> None:
+        """End the stream in the core (``end``: its abort or finish). One opened here (``known``) the
+        core may have ended on its own, even just now (reaped, a failed prefill): nothing left to free."""
         try:
-            (end or self.engine.abort)(request_id)
+            end(request_id)
         except StreamError:
             if not known:
                 raise
