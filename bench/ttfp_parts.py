@@ -1,0 +1,128 @@
+"""Where a first packet's time goes under sustained load, phase by phase: code2wav.bench's own run
+(its arguments after ``--``), with each stream's first chunk timed at five points on its way:
+
+  push     the bench's ``submit`` (on the event loop)
+  taken    the worker takes it from the stream's queue (``AsyncEngine._take``)
+  grouped  the scheduler puts its row into a step's group (``Scheduler.next_group``; a gathering
+           first chunk waits before this)
+  handed   its audio is handed to the loop (``AsyncEngine._hand_over``, on the worker: after its
+           step and every step queued on the device ahead of it)
+  landed   its future's done callback runs on the loop (what the bench's TTFP ends at)
+
+For each timed phase (a ``--prefix`` entry, warm-ups left out) it prints the mean and p50 of each
+leg over the first chunks pushed inside the measured window, how many first rows a group held
+and what share of the streams still held a cached state not yet written in at their first push
+(with ``restores_in_step``, their first step writes it). Session 42 wrote it to break
+the 512-stream cached-voice first-packet gap down (BENCHMARKS.md, "Voice clones that repeat").
+
+    python3 bench/ttfp_parts.py -- --modes exact-graph --frames 101 --levels 512 \
+        --chunks 1,4,8,16,25 --prefix 0,200,200,0 --voices 8 --seconds 3 --set prefix_cache_bytes=1000000000
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import numpy as np
+
+import code2wav.bench as bench
+from code2wav.engine.async_engine import AsyncEngine
+from code2wav.stream.schedule import Scheduler
+
+LEGS = ("push", "taken", "grouped", "handed", "landed")
+phases: list[dict] = []  # per timed _workload call: its prefix, window and per-rid points
+_cur: dict | None = None
+
+
+def _patch() -> None:
+    workload, submit, take, hand_over, next_group = (bench._workload, AsyncEngine.submit, AsyncEngine._take,
+                                                     AsyncEngine._hand_over, Scheduler.next_group)
+
+    async def timed_workload(core, concurrency, frames, schedule, prefix, stagger_s, seed, seconds=0.0, **kw):
+        global _cur
+        now = time.perf_counter()
+        start = now + (concurrency - 1) * stagger_s
+        _cur = None if seed == 99 else {"prefix": prefix, "start": start, "end": start + seconds, "points": {},
+                                         "futs": {}, "groups": [], "cached": 0, "firsts": 0}
+        try:
+            return await workload(core, concurrency, frames, schedule, prefix, stagger_s, seed, seconds, **kw)
+        finally:
+            if _cur is not None:
+                phases.append(_cur)
+            _cur = None
+
+    def timed_submit(self, request_id, frames, encode=None):
+        fut = submit(self, request_id, frames, encode)
+        ph = _cur
+        if ph is not None and request_id not in ph["points"]:
+            p = ph["points"][request_id] = {"push": time.perf_counter()}
+            st = getattr(self.engine, "_streams", {}).get(request_id)  # a state found in the prefix cache at open, not in yet
+            ph["cached"] += st is not None and getattr(st, "cached", None) is not None
+            ph["futs"][id(fut)] = request_id
+            fut.add_done_callback(lambda f, p=p: p.setdefault("landed", time.perf_counter()))
+        return fut
+
+    def timed_take(self, in_flight, futures, encoders):
+        batch = take(self, in_flight, futures, encoders)
+        ph, now = _cur, time.perf_counter()
+        if ph is not None:
+            for rid in batch:
+                p = ph["points"].get(rid)
+                if p is not None:
+                    p.setdefault("taken", now)
+        return batch
+
+    def timed_next_group(self, is_live, dropped, device_idle):
+        group = next_group(self, is_live, dropped, device_idle)
+        ph, now = _cur, time.perf_counter()
+        if ph is not None:
+            firsts = [r for r in group.rows if r.first]
+            if firsts:
+                ph["groups"].append(len(firsts))
+            for r in firsts:
+                p = ph["points"].get(r.stream.request_id)
+                if p is not None and "grouped" not in p:
+                    p["grouped"] = now
+                    ph["firsts"] += 1
+        return group
+
+    def timed_hand_over(self, fut, res):
+        ph = _cur
+        if ph is not None:
+            rid = ph["futs"].pop(id(fut), None)
+            if rid is not None:
+                ph["points"][rid].setdefault("handed", time.perf_counter())
+        return hand_over(self, fut, res)
+
+    bench._workload = timed_workload
+    AsyncEngine.submit, AsyncEngine._take, AsyncEngine._hand_over = timed_submit, timed_take, timed_hand_over
+    Scheduler.next_group = timed_next_group
+
+
+def summary(ph: dict) -> dict:
+    rows = [p for p in ph["points"].values() if all(k in p for k in LEGS) and ph["start"] <= p["push"] <= ph["end"]]
+    out = {"prefix": ph["prefix"], "first_chunks": len(rows), "first_rows_per_group": float(np.mean(ph["groups"])) if ph["groups"] else None,
+           "cached_pct": 100 * ph["cached"] / ph["firsts"] if ph["firsts"] else None}
+    for a, b in zip(LEGS, LEGS[1:]):
+        d = np.array([p[b] - p[a] for p in rows]) * 1e3
+        out[f"{a}->{b}"] = {"mean_ms": round(float(d.mean()), 3), "p50_ms": round(float(np.median(d)), 3)} if len(d) else None
+    total = np.array([p["landed"] - p["push"] for p in rows]) * 1e3
+    out["ttfp"] = {"mean_ms": round(float(total.mean()), 3), "p50_ms": round(float(np.median(total)), 3)} if len(total) else None
+    return out
+
+
+def main() -> int:
+    args = sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else sys.argv[1:]
+    _patch()
+    from code2wav.cli import main as cli_main
+
+    rc = cli_main(["bench", *args])
+    for ph in phases:
+        print(json.dumps(summary(ph)), flush=True)
+    return rc
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
