@@ -17,6 +17,9 @@ the 512-stream cached-voice first-packet gap down (BENCHMARKS.md, "Voice clones 
 
     python3 bench/ttfp_parts.py -- --modes exact-graph --frames 101 --levels 512 \
         --chunks 1,4,8,16,25 --prefix 0,200,200,0 --voices 8 --seconds 3 --set prefix_cache_bytes=1000000000
+
+After ``-- host`` the arguments are ``bench/service_host.py inproc``'s: the same legs over its
+simulated device, on a CPU.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -116,9 +120,15 @@ def summary(ph: dict) -> dict:
 def main() -> int:
     args = sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else sys.argv[1:]
     _patch()
-    from code2wav.cli import main as cli_main
+    if args[:1] == ["host"]:  # bench/service_host.py inproc: the simulated device's run, on a CPU
+        sys.path.insert(0, str(Path(__file__).parent))
+        from service_host import main as host_main
 
-    rc = cli_main(["bench", *args])
+        rc = host_main(["inproc", *args[1:]])
+    else:
+        from code2wav.cli import main as cli_main
+
+        rc = cli_main(["bench", *args])
     for ph in phases:
         print(json.dumps(summary(ph)), flush=True)
     return rc
