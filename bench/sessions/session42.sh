@@ -6,7 +6,8 @@
 # chunk's way (push, taken by the worker, grouped, handed over, landed) timed leg by leg.
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
-for i in 1 2 3; do
+runs="1 2 3"; [ "${1:-}" = short ] && runs="1 2"  # short: two processes (about 160 s)
+for i in $runs; do
   stamp "512 streams ramped, prefixes 0,200,200,0, legs of the first packet (parts_$i)"
   timeout 110 python3 bench/ttfp_parts.py -- --modes exact-graph --frames 101 --levels 512 --chunks 1,4,8,16,25 --prefix 0,200,200,0 \
     --voices 8 --seconds 3 --set prefix_cache_bytes=1000000000 --out "$OUT/parts_$i" 2>&1 | tr "\r" "\n" | grep -v "it/s]" \
