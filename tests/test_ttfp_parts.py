@@ -1,0 +1,33 @@
+"""``bench/ttfp_parts.py``: every first chunk pushed inside a timed window is seen at each of its
+five points (pushed, taken by the worker, grouped, handed over, landed), so its legs add up to
+the bench's own first packet; warm-ups are left out; a stream whose prefix was found in the
+cache is counted as such. Run over ``bench/service_host.py``'s simulated device (no decoder)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LEGS = ("push->taken", "taken->grouped", "grouped->handed", "handed->landed")
+
+
+def test_each_phase_times_every_leg_of_its_first_chunks():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "ttfp_parts.py"), "--", "host", "--levels", "4", "--seconds", "0.5", "--step-ms", "1,0.1",
+         "--chunks", "1,4", "--prefix", "0,20", "--voices", "2", "--prefix-cache-bytes", "100000000", "--free-restores"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert out.returncode == 0, out.stderr
+    phases = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert [p["prefix"] for p in phases] == [0, 20]  # the timed phases only, in order
+    none, cached = phases
+    assert none["cached_pct"] == 0 and cached["cached_pct"] == 100  # every voice was warmed into the cache
+    for p in phases:
+        assert p["first_chunks"] > 0 and p["first_rows_per_group"] >= 1
+        assert all(p[leg]["mean_ms"] >= 0 for leg in LEGS)
+        # the legs are consecutive points of one chunk: their means add up to the first packet's
+        assert abs(sum(p[leg]["mean_ms"] for leg in LEGS) - p["ttfp"]["mean_ms"]) < 0.01
