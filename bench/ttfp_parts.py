@@ -5,12 +5,15 @@
   taken    the worker takes it from the stream's queue (``AsyncEngine._take``)
   grouped  the scheduler puts its row into a step's group (``Scheduler.next_group``; a gathering
            first chunk waits before this)
+  launched its step is queued on the device (``StreamEngine._outputs`` entered, right after the
+           runner's call: the staging, any restore's own launch and the replay's launch before it)
   handed   its audio is handed to the loop (``AsyncEngine._hand_over``, on the worker: after its
            step and every step queued on the device ahead of it)
   landed   its future's done callback runs on the loop (what the bench's TTFP ends at)
 
 For each timed phase (a ``--prefix`` entry, warm-ups left out) it prints the mean and p50 of each
-leg over the first chunks pushed inside the measured window, how many first rows a group held
+leg over the first chunks pushed inside the measured window, the device time of the steps of
+1-frame pieces (first chunks' steps on a ramped schedule) and of all steps, how many first rows a group held
 and what share of the streams still held a cached state not yet written in at their first push
 (with ``restores_in_step``, their first step writes it). Session 42 wrote it to break
 the 512-stream cached-voice first-packet gap down (BENCHMARKS.md, "Voice clones that repeat").
@@ -33,9 +36,10 @@ import numpy as np
 
 import code2wav.bench as bench
 from code2wav.engine.async_engine import AsyncEngine
+from code2wav.stream.engine import StreamEngine
 from code2wav.stream.schedule import Scheduler
 
-LEGS = ("push", "taken", "grouped", "handed", "landed")
+LEGS = ("push", "taken", "grouped", "launched", "handed", "landed")
 phases: list[dict] = []  # per timed _workload call: its prefix, window and per-rid points
 _cur: dict | None = None
 
@@ -43,13 +47,15 @@ _cur: dict | None = None
 def _patch() -> None:
     workload, submit, take, hand_over, next_group = (bench._workload, AsyncEngine.submit, AsyncEngine._take,
                                                      AsyncEngine._hand_over, Scheduler.next_group)
+    outputs, on_step = StreamEngine._outputs, AsyncEngine._on_step
 
     async def timed_workload(core, concurrency, frames, schedule, prefix, stagger_s, seed, seconds=0.0, **kw):
         global _cur
         now = time.perf_counter()
         start = now + (concurrency - 1) * stagger_s
         _cur = None if seed == 99 else {"prefix": prefix, "start": start, "end": start + seconds, "points": {},
-                                         "futs": {}, "groups": [], "cached": 0, "firsts": 0}
+                                         "futs": {}, "groups": [], "cached": 0, "firsts": 0,
+                                         "last_group": [], "steps": []}
         try:
             return await workload(core, concurrency, frames, schedule, prefix, stagger_s, seed, seconds, **kw)
         finally:
@@ -85,12 +91,28 @@ def _patch() -> None:
             firsts = [r for r in group.rows if r.first]
             if firsts:
                 ph["groups"].append(len(firsts))
+            ph["last_group"] = []
             for r in firsts:
                 p = ph["points"].get(r.stream.request_id)
                 if p is not None and "grouped" not in p:
                     p["grouped"] = now
                     ph["firsts"] += 1
+                    ph["last_group"].append(p)
         return group
+
+    def timed_outputs(self, wav, group, n_new):
+        ph, now = _cur, time.perf_counter()
+        if ph is not None:
+            for p in ph["last_group"]:
+                p.setdefault("launched", now)
+            ph["last_group"] = []
+        return outputs(self, wav, group, n_new)
+
+    def timed_on_step(self, seconds, rows, frames):
+        ph = _cur
+        if ph is not None:
+            ph["steps"].append((time.perf_counter(), seconds, rows, frames))
+        return on_step(self, seconds, rows, frames)
 
     def timed_hand_over(self, fut, res):
         ph = _cur
@@ -103,6 +125,7 @@ def _patch() -> None:
     bench._workload = timed_workload
     AsyncEngine.submit, AsyncEngine._take, AsyncEngine._hand_over = timed_submit, timed_take, timed_hand_over
     Scheduler.next_group = timed_next_group
+    StreamEngine._outputs, AsyncEngine._on_step = timed_outputs, timed_on_step
 
 
 def summary(ph: dict) -> dict:
@@ -112,6 +135,11 @@ def summary(ph: dict) -> dict:
     for a, b in zip(LEGS, LEGS[1:]):
         d = np.array([p[b] - p[a] for p in rows]) * 1e3
         out[f"{a}->{b}"] = {"mean_ms": round(float(d.mean()), 3), "p50_ms": round(float(np.median(d)), 3)} if len(d) else None
+    steps = [(sec, rows, fr) for t, sec, rows, fr in ph["steps"] if ph["start"] <= t <= ph["end"]]
+    for name, keep in (("steps_1_frame", lambda fr: fr == 1), ("steps_all", lambda fr: True)):
+        sel = [(sec, rows) for sec, rows, fr in steps if keep(fr)]
+        out[name] = {"n": len(sel), "mean_ms": round(1e3 * float(np.mean([x[0] for x in sel])), 4),
+                     "rows": round(float(np.mean([x[1] for x in sel])), 2)} if sel else None
     total = np.array([p["landed"] - p["push"] for p in rows]) * 1e3
     out["ttfp"] = {"mean_ms": round(float(total.mean()), 3), "p50_ms": round(float(np.median(total)), 3)} if len(total) else None
     return out

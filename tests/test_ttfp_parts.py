@@ -1,5 +1,5 @@
 """``bench/ttfp_parts.py``: every first chunk pushed inside a timed window is seen at each of its
-five points (pushed, taken by the worker, grouped, handed over, landed), so its legs add up to
+six points (pushed, taken by the worker, grouped, launched, handed over, landed), so its legs add up to
 the bench's own first packet; warm-ups are left out; a stream whose prefix was found in the
 cache is counted as such. Run over ``bench/service_host.py``'s simulated device (no decoder)."""
 
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LEGS = ("push->taken", "taken->grouped", "grouped->handed", "handed->landed")
+LEGS = ("push->taken", "taken->grouped", "grouped->launched", "launched->handed", "handed->landed")
 
 
 def test_each_phase_times_every_leg_of_its_first_chunks():
@@ -29,5 +29,6 @@ def test_each_phase_times_every_leg_of_its_first_chunks():
     for p in phases:
         assert p["first_chunks"] > 0 and p["first_rows_per_group"] >= 1
         assert all(p[leg]["mean_ms"] >= 0 for leg in LEGS)
+        assert p["steps_1_frame"]["n"] > 0 and p["steps_all"]["n"] >= p["steps_1_frame"]["n"]  # the first chunks' steps among all
         # the legs are consecutive points of one chunk: their means add up to the first packet's
         assert abs(sum(p[leg]["mean_ms"] for leg in LEGS) - p["ttfp"]["mean_ms"]) < 0.01
