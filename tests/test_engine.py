@@ -17,7 +17,7 @@ from code2wav.engine.build import EngineConfig
 from code2wav.engine.graphs import DEFAULT_BATCHES, DEFAULT_FRAMES, pick_bucket, plan_buckets, priority_shapes
 from code2wav.stream.engine import StreamEngine
 from code2wav.stream.order import SlotOrder
-from code2wav.stream.pool import RESTORES, PoolFull, StatePool, packed_base, packed_inputs, restore_pairs
+from code2wav.stream.pool import PoolFull, StatePool, packed_base, packed_inputs, restore_pairs
 from code2wav.stream.rows import StreamError
 from code2wav.stream.runner import EagerRunner
 from code2wav.stream.schedule import SchedulePolicy, split_groups
@@ -785,13 +785,13 @@ def test_a_restore_before_the_first_step_goes_where_that_step_runs(monkeypatch):
 
 def test_packed_graph_inputs_view_one_buffer_set_to_an_empty_step():
     """A graph's step inputs are views of one int64 buffer (so a step goes up in one copy):
-    codes [b, q, t], slots [b], n_new [b], then the restore pairs [RESTORES, 2], disjoint and
+    codes [b, q, t], slots [b], n_new [b], then the restore pairs [b, 2] (one a row), disjoint and
     covering it; before the real rows are written, every row is a scratch row with zero codes
     and no new frames, and no pair names a restore (address 0)."""
     buf, codes, slots, n_new = packed_inputs(3, 5, scratch_slot=7, q=16)
     pairs = restore_pairs(buf, 3, 16, 5)
-    assert buf.dtype == torch.long and buf.numel() == 3 * 16 * 5 + 2 * 3 + 2 * RESTORES
-    assert codes.shape == (3, 16, 5) and slots.shape == n_new.shape == (3,) and pairs.shape == (RESTORES, 2)
+    assert buf.dtype == torch.long and buf.numel() == 3 * 16 * 5 + 4 * 3
+    assert codes.shape == (3, 16, 5) and slots.shape == n_new.shape == (3,) and pairs.shape == (3, 2)
     assert codes.abs().sum() == 0 and slots.tolist() == [7, 7, 7] and n_new.tolist() == [0, 0, 0] and not pairs.any()
     codes[2, 15, 4], slots[0], n_new[2], pairs[0, 1] = 2047, 1, 5, 9  # writes through the views land in the buffer
     assert buf[3 * 16 * 5 - 1] == 2047 and buf[3 * 16 * 5] == 1 and buf[3 * 16 * 5 + 2 * 3 - 1] == 5 and buf[3 * 16 * 5 + 2 * 3 + 1] == 9

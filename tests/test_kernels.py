@@ -1191,14 +1191,13 @@ def test_a_cached_state_goes_in_inside_the_streams_first_step_and_equals_the_for
     assert len(staged) == 3 and not any(s.held for s in staged), "no snapshot held past its step"
 
 
-def test_restores_past_a_steps_pairs_are_written_just_before_it(monkeypatch):
-    """Three cached streams whose first chunks share a step that carries two restore pairs: two
-    go in as pairs, the third by a launch of its own before the step; each stream's audio is
-    the forward's."""
-    from code2wav.stream import pool
+def test_every_cached_first_chunk_of_a_step_goes_in_as_one_of_its_pairs(monkeypatch):
+    """Three cached streams whose first chunks share a step: the step's inputs carry a restore
+    pair a row, so all three go in inside it and none by a launch of its own (on the GPU each
+    such launch on the worker let the event loop take the interpreter lock from the step's host
+    path); each stream's audio is the forward's."""
     from tests.models import forward_audio
 
-    monkeypatch.setattr(pool, "RESTORES", 2)
     engine, launches = _in_step_engine(monkeypatch, 3)
     m = engine.model
     voice = random_codes(12, SMALL, seed=31)
@@ -1212,6 +1211,30 @@ def test_restores_past_a_steps_pairs_are_written_just_before_it(monkeypatch):
     out = engine.decode({rid: t[:2] for rid, t in tails.items()})
     rest = engine.decode({rid: t[2:] for rid, t in tails.items()})
     stats = engine.prefix_cache_stats()
-    assert launches.count("write") == 1 and stats["hits"] == 3 and (stats["restored_in_step"], stats["restored_alone"]) == (2, 1)
+    assert "write" not in launches and stats["hits"] == 3 and (stats["restored_in_step"], stats["restored_alone"]) == (3, 0)
     for rid, t in tails.items():
         assert close(torch.cat([out[rid], rest[rid]]), forward_audio(m, torch.cat([voice, t]))[12 * 1920 :], 1e-4), rid
+
+
+def test_the_pairs_kernel_writes_the_pairs_before_the_first_empty_one(monkeypatch):
+    """``SlotLayout.write_pairs``: the pairs are packed from the front, and the first with
+    address 0 ends them: slots named before it get their snapshot bit for bit, a pair after it
+    is not read, and the other slots keep their state."""
+    from code2wav.kernels import slot_copy
+    from code2wav.stream.pool import StatePool
+
+    monkeypatch.setattr(slot_copy, "applies", lambda device: True)
+    monkeypatch.setattr(slot_copy, "BLOCK", 1 << 15)
+    pool = StatePool(model(SMALL, torch.float32), 5)
+    g = torch.Generator().manual_seed(1)
+    for b in pool.buffers.values():
+        b.copy_(torch.randn(b.shape, generator=g))
+    pool.position.copy_(torch.tensor([3, 5, 7, 9, 11, 0]))
+    a, c = pool.snapshot(0), pool.snapshot(1)
+    before = {k: b.clone() for k, b in pool.buffers.items()}
+    pairs = torch.tensor([[a.flat.data_ptr(), 2], [c.flat.data_ptr(), 3], [0, 0], [a.flat.data_ptr(), 4]])
+    pool.layout.write_pairs(pairs)
+    for k, b in pool.buffers.items():
+        assert torch.equal(b[2], before[k][0]) and torch.equal(b[3], before[k][1]), k
+        assert torch.equal(b[:2], before[k][:2]) and torch.equal(b[4:], before[k][4:]), k
+    assert pool.position.tolist() == [3, 5, 3, 5, 11, 0]

@@ -283,7 +283,7 @@ class GraphRunner(EagerRunner):
         n_in[:B].copy_(n_new)
         source = packed_base(codes, slots, n_new)
         if source is not None:  # staged at another shape: its restores too
-            pairs_in.copy_(restore_pairs(source, B, q, T))
+            pairs_in[:B].copy_(restore_pairs(source, B, q, T))
         if host is not None:
             g.packed.copy_(host, non_blocking=True)
         return self._replay(g, shape, n_new, B, T)

@@ -44,10 +44,11 @@ if triton is not None:
             tl.store(dst + i, tl.load(src_ptr + tl.load(offsets_ptr + seg) + i, mask=m), mask=m)
 
 
-    @triton.jit
-    def _pairs_kernel(table_ptr, pairs_ptr, offsets_ptr, sizes_ptr, NSEG, R: tl.constexpr, BLOCK: tl.constexpr):
-        # ``write`` for up to R (snapshot address, slot) pairs read from device memory (address 0:
-        # no pair), so that a captured step can carry its rows' restores as data.
+    @triton.jit(do_not_specialize=["R"])  # one compiled kernel for every step's row count
+    def _pairs_kernel(table_ptr, pairs_ptr, offsets_ptr, sizes_ptr, NSEG, R, BLOCK: tl.constexpr):
+        # ``write`` for the (snapshot address, slot) pairs at the head of the R read from device
+        # memory, up to the first with address 0 (the stager packs them from the front), so that a
+        # captured step carries its rows' restores as data; a step with none costs one load.
         seg = tl.program_id(0)
         start = tl.program_id(1) * BLOCK
         n = tl.load(sizes_ptr + seg)
@@ -55,12 +56,14 @@ if triton is not None:
             i = start + tl.arange(0, BLOCK)
             m = i < n
             src_at = tl.load(offsets_ptr + seg) + i
-            for r in tl.static_range(R):
-                src = tl.load(pairs_ptr + 2 * r)
-                if src != 0:
-                    slot = tl.load(pairs_ptr + 2 * r + 1)
-                    dst = tl.load(table_ptr + slot * NSEG + seg).to(tl.pointer_type(tl.int16))
-                    tl.store(dst + i, tl.load(src.to(tl.pointer_type(tl.int16)) + src_at, mask=m), mask=m)
+            r = tl.full((), 0, tl.int32)
+            src = tl.load(pairs_ptr)
+            while src != 0:
+                slot = tl.load(pairs_ptr + 2 * r + 1)
+                dst = tl.load(table_ptr + slot * NSEG + seg).to(tl.pointer_type(tl.int16))
+                tl.store(dst + i, tl.load(src.to(tl.pointer_type(tl.int16)) + src_at, mask=m), mask=m)
+                r += 1
+                src = tl.load(pairs_ptr + 2 * r, mask=r < R, other=0)
 
 
 def applies(device: torch.device) -> bool:
@@ -107,11 +110,11 @@ class SlotLayout:
 
     def write_pairs(self, pairs: Tensor) -> None:
         """``write`` for each (snapshot address, slot) row of ``pairs`` ([R, 2] int64 on the
-        device; address 0: none), in one launch whose arguments are fixed: what a step's CUDA
-        graph captures, so that the restores of its rows are data in its inputs
+        device) up to the first whose address is 0, in one launch whose arguments are fixed: what
+        a step's CUDA graph captures, so that the restores of its rows are data in its inputs
         (``StatePool.run``). Each snapshot must be 16-bit aligned and stay alive until the launch
         has run."""
-        _pairs_kernel[self._grid()](self._table, pairs, self._offsets, self._sizes, self.nseg, R=pairs.shape[0], BLOCK=BLOCK)
+        _pairs_kernel[self._grid()](self._table, pairs, self._offsets, self._sizes, self.nseg, pairs.shape[0], BLOCK=BLOCK)
 
     def _grid(self) -> tuple[int, int]:
         return self.nseg, triton.cdiv(self.most, BLOCK)

@@ -75,7 +75,7 @@ class StreamEngine(Lifecycle):
                                cache=PrefixCache(prefix_cache_bytes, model.config.codebook_size) if prefix_cache_bytes else None,
                                in_step=restores_in_step and prefix_cache_bytes > 0)
         self.stager = Stager(runner.padded_shape, self.pool.scratch_slot, self.cfg.num_quantizers, pin=self.device.type == "cuda",
-                             restore=self.pool.restore if self.prefill.in_step else None)
+                             restores_in_step=self.prefill.in_step)
         self._events: list[Any] = []  # CUDA timing events, reused once their step has landed
         self._order = SlotOrder()  # each slot's last work, where the runner has a second (priority) stream
         self._opened: dict[str, Stream] = {}  # found in the prefix cache at open, not in their slots yet (restore_opened)
@@ -343,7 +343,6 @@ class StreamEngine(Lifecycle):
                         if priority is not None:
                             self._order.wait(slots, stream)
                         start.record(stream)
-                        self.stager.restore_left(staged)
                         wav = self.runner(staged.codes, staged.slots, staged.n_new)[: len(group), : max(group.pieces) * spf]
                         outs, sums = self._outputs(wav, group, staged.n_new)
                         host = lambda w: torch.empty(w.shape, dtype=w.dtype, pin_memory=True).copy_(w, non_blocking=True)  # noqa: E731
@@ -354,7 +353,6 @@ class StreamEngine(Lifecycle):
                         self._order.touched(slots, stream, end)
                 else:
                     stream, start = None, time.perf_counter()
-                    self.stager.restore_left(staged)
                     wav = self.runner(staged.codes, staged.slots, staged.n_new)[: len(group), : max(group.pieces) * spf]
                     outs, sums = self._outputs(wav, group, staged.n_new)
                     end = time.perf_counter()

@@ -11,16 +11,15 @@ from code2wav.kernels import slot_copy
 from code2wav.model.decoder import Decoder
 from code2wav.model.streaming import Step
 
-RESTORES = 8  # (snapshot address, slot) pairs a step's inputs carry (StatePool.restores_in_step)
-
 
 def packed_inputs(b: int, t: int, scratch_slot: int, device: torch.device | str | None = None,
                   pin_memory: bool = False, q: int = 16) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """One int64 buffer holding a (b, t) step's codes [b, q, t], slots [b] and n_new [b], then
-    ``RESTORES`` restore pairs (``restore_pairs``), and the first three views of it, set to an
-    empty step (zero codes, scratch slots, no new frames, no restores). A step's inputs then go
-    up in one copy, not three (or six small ops before a replay)."""
-    buf = torch.empty(b * q * t + 2 * b + 2 * RESTORES, dtype=torch.long, device=device, pin_memory=pin_memory)
+    """One int64 buffer holding a (b, t) step's codes [b, q, t], slots [b] and n_new [b], then b
+    restore pairs (``restore_pairs``: one a row, so that every cached state of a step goes in
+    inside it), and the first three views of it, set to an empty step (zero codes, scratch slots,
+    no new frames, no restores). A step's inputs then go up in one copy, not three (or six small
+    ops before a replay)."""
+    buf = torch.empty(b * q * t + 4 * b, dtype=torch.long, device=device, pin_memory=pin_memory)
     codes, slots, n_new = packed_views(buf, b, q, t)
     pairs = restore_pairs(buf, b, q, t)
     # On the host through numpy: a torch op costs microseconds of dispatch on the step's host path.
@@ -35,9 +34,9 @@ def packed_views(buf: Tensor, b: int, q: int, t: int) -> tuple[Tensor, Tensor, T
 
 
 def restore_pairs(buf: Tensor, b: int, q: int, t: int) -> Tensor:
-    """The ``[RESTORES, 2]`` (snapshot address, slot) view of a ``packed_inputs`` buffer: slots
-    the step writes from a snapshot before its forward (address 0: none)."""
-    return buf[b * q * t + 2 * b :].view(RESTORES, 2)
+    """The ``[b, 2]`` (snapshot address, slot) view of a ``packed_inputs`` buffer: slots the step
+    writes from a snapshot before its forward, packed from the front (address 0: no more)."""
+    return buf[b * q * t + 2 * b :].view(b, 2)
 
 
 def empty_step(codes, slots, n_new, pairs, scratch_slot: int) -> None:
@@ -55,7 +54,7 @@ def packed_base(codes: Tensor, slots: Tensor, n_new: Tensor) -> Tensor | None:
     b, n = codes.shape[0], codes.numel()
     at, size = base.data_ptr(), base.element_size()
     laid_out = (
-        base.numel() == n + 2 * b + 2 * RESTORES and codes.is_contiguous() and codes.data_ptr() == at
+        base.numel() == n + 4 * b and codes.is_contiguous() and codes.data_ptr() == at
         and slots.shape == n_new.shape == (b,) and slots.data_ptr() == at + n * size and n_new.data_ptr() == at + (n + b) * size
     )
     return base if laid_out else None
@@ -218,9 +217,9 @@ class StatePool:
         packet's path. CUDA with Triton only (``slot_copy.applies``); compiles the kernel now."""
         if not slot_copy.applies(self.device):
             raise ValueError("restores inside a step need CUDA with Triton")
-        zeros = torch.zeros(2 * RESTORES + 1, dtype=torch.long, device=self.device)
+        zeros = torch.zeros(5, dtype=torch.long, device=self.device)
         for at in (0, 1):  # pairs start 16- or only 8-byte aligned in a step's inputs: both of Triton's variants
-            self.layout.write_pairs(zeros[at : at + 2 * RESTORES].view(RESTORES, 2))
+            self.layout.write_pairs(zeros[at : at + 4].view(2, 2))
         self.restores_in_step = True
 
     @torch.no_grad()

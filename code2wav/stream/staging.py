@@ -34,7 +34,6 @@ class Staged:
     n_new: Tensor
     arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # codes, slots, n_new, restore pairs
     held: list[Any] = field(default_factory=list)  # snapshots its pairs point at, alive until its step has run
-    restore_left: list[tuple[int, Any]] = field(default_factory=list)  # (slot, snapshot) its pairs had no room for
 
     @classmethod
     def new(cls, b: int, t: int, scratch_slot: int, q: int, pin: bool) -> "Staged":
@@ -43,15 +42,15 @@ class Staged:
 
 
 class Stager:
-    """Stages groups; keeps the buffers of a runner's padded shapes (few) for reuse.
-    ``restore`` (``StatePool.restore``, where the pool has ``restores_in_step``): a stream's
-    cached state (``Stream.cached``) goes in inside its first step, as a restore pair of the
-    step's inputs; where a step's pairs are all taken, by ``restore`` just before it."""
+    """Stages groups; keeps the buffers of a runner's padded shapes (few) for reuse. With
+    ``restores_in_step`` (where the pool has them), a stream's cached state (``Stream.cached``)
+    goes in inside its first step, as a restore pair of the step's inputs (one pair a row: every
+    restore of a step fits, and none needs a launch of its own on the worker, where each launch
+    lets the event loop's thread take the interpreter lock away from the step's host path)."""
 
-    def __init__(self, padded_shape: PaddedShape, scratch_slot: int, num_quantizers: int, pin: bool,
-                 restore: Callable[[int, Any], None] | None = None):
+    def __init__(self, padded_shape: PaddedShape, scratch_slot: int, num_quantizers: int, pin: bool, restores_in_step: bool = False):
         self.padded_shape, self.scratch_slot, self.q, self.pin = padded_shape, scratch_slot, num_quantizers, pin
-        self.restore = restore
+        self.restores_in_step = restores_in_step
         self.restored_in_step = 0  # cached states that went in as a step's restore pairs
         self._free: dict[tuple[int, int], list[Staged]] = {}
 
@@ -72,36 +71,25 @@ class Stager:
             codes[j, :, :k] = r.frames.numpy()[r.done : r.done + k].T
         slots[: len(group)] = [r.slot for r in group.rows]
         n_new[: len(group)] = group.pieces
-        if self.restore is not None:
+        if self.restores_in_step:
             self._restores(group, staged)
         return staged
 
-    def restore_left(self, staged: Staged) -> None:
-        """The cached states ``staged``'s pairs had no room for: call on the step's CUDA stream,
-        just before the step."""
-        for slot, state in staged.restore_left:
-            self.restore(slot, state)  # type: ignore[misc]
-
     def _restores(self, group: Group, staged: Staged) -> None:
-        """Each row whose stream still waits for its cached state: a restore pair (the snapshot
-        held until the step has run), or, past the step's pairs (``RESTORES``), ``restore_left``."""
+        """Each row whose stream still waits for its cached state: a restore pair, packed from
+        the front (the snapshot held until the step has run)."""
         pairs = staged.arrays[3]
         for r in group.rows:
             st = r.stream
-            if st.cached is None:
-                continue
-            if len(staged.held) < len(pairs):
+            if st.cached is not None:
                 pairs[len(staged.held)] = st.cached.flat.data_ptr(), st.slot
                 staged.held.append(st.cached)
                 self.restored_in_step += 1
-            else:
-                staged.restore_left.append((st.slot, st.cached))
-            st.cached = None
+                st.cached = None
 
     def landed(self, staged: Staged) -> None:
         """Its step has run: drop the snapshots it held; keep the buffer if it has a runner's
         padded shape."""
         staged.held.clear()
-        staged.restore_left.clear()
         if self.padded_shape(*staged.shape) == staged.shape:
             self._free.setdefault(staged.shape, []).append(staged)
