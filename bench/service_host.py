@@ -11,7 +11,7 @@ worker waiting on a CUDA sync does.
 ``python bench/service_host.py serve [--port 8091] [--max-streams 256] [--step-ms A,B] [--loop L] [--ws W]``
 serves it until SIGTERM; load it with ``bench/service_load.py``.
 ``python bench/service_host.py inproc [--levels 1,64,256] [--seconds 8] [--step-ms A,B] [--chunks 1,25]
-[--prefix 0,200,200,0 --voices 8 --prefix-cache-bytes N [--free-restores]]`` runs the same workload on the
+[--prefix 0,200,200,0 --voices 8 --prefix-cache-bytes N [--free-restores | --restore-launches]]`` runs the same workload on the
 ``AsyncEngine`` in this process, no server: the ceiling the service is measured against, and the
 host side of a cached voice against none (a restore on CPU is the foreach copy, not the GPU's).
 """
@@ -95,6 +95,8 @@ def inproc(args: argparse.Namespace) -> int:
     core = build_core(max(levels), args.step_ms, args.max_batch_frames, args.prefix_cache_bytes)
     if args.free_restores:  # timing only (the simulated device reads no state): a hit's copy costs no host time,
         core.pool.restore = lambda slot, state: None  # as on a GPU with the copy inside the step
+    if args.restore_launches:  # a hit's copy is a launch on the worker: it lets go of the GIL (as Triton's launcher does), nothing more
+        core.pool.restore = lambda slot, state: time.sleep(0)
     if args.voices and max(prefixes):  # every voice's state in the cache before the timed runs
         for v in range(0, args.voices, 4):
             asyncio.run(_workload(core, 4, 30, chunks, max(prefixes), 0.0, seed=99, voices=args.voices, first_voice=v))
@@ -129,6 +131,8 @@ def main(argv: list[str]) -> int:
     i.add_argument("--voices", type=int, default=0, help="prefixes drawn from this many references (0: each stream its own)")
     i.add_argument("--prefix-cache-bytes", type=int, default=0)
     i.add_argument("--free-restores", action="store_true", help="a cache hit's copy writes nothing (timing only)")
+    i.add_argument("--restore-launches", action="store_true",
+                   help="a cache hit's copy writes nothing and lets go of the GIL once, as a kernel launch does (timing only)")
     for q in (s, i):
         q.add_argument("--step-ms", default="1.2,0.4", help="simulated device time: A ms a step plus B ms a row")
         q.add_argument("--max-batch-frames", type=int, default=512)
