@@ -1033,20 +1033,27 @@ def test_every_pdl_kernel_waits_before_touching_memory():
     assert len(takers) == 13, takers
 
 
-def test_the_slot_write_kernel_restores_every_segment_bit_for_bit(monkeypatch):
-    """``StatePool.restore`` as one launch (kernels/slot_copy.py): a snapshot of one slot written
-    into another gives that slot every buffer's row and the position bit for bit (float32 rows
-    and the int64 position moved as 16-bit units), and leaves the other slots as they were (the
-    scratch row, which holds nothing, took the kernel's first, compiling, run)."""
+def _random_pool_on_the_kernel(monkeypatch, slots: int, seed: int):
+    """A pool of ``slots`` slots whose buffers hold random values, its slot writes by the kernel
+    (kernels/slot_copy.py, in Triton's interpreter)."""
     from code2wav.kernels import slot_copy
     from code2wav.stream.pool import StatePool
 
     monkeypatch.setattr(slot_copy, "applies", lambda device: True)
     monkeypatch.setattr(slot_copy, "BLOCK", 1 << 15)
-    pool = StatePool(model(SMALL, torch.float32), 3)
-    g = torch.Generator().manual_seed(0)
+    pool = StatePool(model(SMALL, torch.float32), slots)
+    g = torch.Generator().manual_seed(seed)
     for b in pool.buffers.values():
         b.copy_(torch.randn(b.shape, generator=g))
+    return pool
+
+
+def test_the_slot_write_kernel_restores_every_segment_bit_for_bit(monkeypatch):
+    """``StatePool.restore`` as one launch (kernels/slot_copy.py): a snapshot of one slot written
+    into another gives that slot every buffer's row and the position bit for bit (float32 rows
+    and the int64 position moved as 16-bit units), and leaves the other slots as they were (the
+    scratch row, which holds nothing, took the kernel's first, compiling, run)."""
+    pool = _random_pool_on_the_kernel(monkeypatch, 3, seed=0)
     pool.position.copy_(torch.tensor([7, 2**40 + 3, 11, 0]))
     before = {k: b.clone() for k, b in pool.buffers.items()}
     snap = pool.snapshot(1)
@@ -1220,15 +1227,7 @@ def test_the_pairs_kernel_writes_the_pairs_before_the_first_empty_one(monkeypatc
     """``SlotLayout.write_pairs``: the pairs are packed from the front, and the first with
     address 0 ends them: slots named before it get their snapshot bit for bit, a pair after it
     is not read, and the other slots keep their state."""
-    from code2wav.kernels import slot_copy
-    from code2wav.stream.pool import StatePool
-
-    monkeypatch.setattr(slot_copy, "applies", lambda device: True)
-    monkeypatch.setattr(slot_copy, "BLOCK", 1 << 15)
-    pool = StatePool(model(SMALL, torch.float32), 5)
-    g = torch.Generator().manual_seed(1)
-    for b in pool.buffers.values():
-        b.copy_(torch.randn(b.shape, generator=g))
+    pool = _random_pool_on_the_kernel(monkeypatch, 5, seed=1)
     pool.position.copy_(torch.tensor([3, 5, 7, 9, 11, 0]))
     a, c = pool.snapshot(0), pool.snapshot(1)
     before = {k: b.clone() for k, b in pool.buffers.items()}
