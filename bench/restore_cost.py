@@ -6,7 +6,8 @@ position apart (``restore_rows``, the default before session 36). argv: [dtype, 
 the GPU (CUDA events around the calls, nothing else queued), and whether it wrote the snapshot
 bit for bit. Then a stream restored from the cache against one prefilled from the same codes
 (on CUDA, eager and through graphs, with the restore's own launch and inside the step,
-``restores_in_step``): the same audio, bit for bit."""
+``restores_in_step``): the same audio, bit for bit; and three cached streams whose first chunks
+share a step (their restores all in its pairs) against one restored alone, through graphs."""
 
 from __future__ import annotations
 
@@ -75,6 +76,24 @@ def main() -> int:
                 engine.finish(rid)
             print(f"{'graphs' if graphs else 'eager'}, restores_in_step={in_step}: a restored stream's audio == a prefilled one's: "
                   f"{torch.equal(*audio)} ({engine.prefix_cache_stats()})", flush=True)
+    # Three cached streams whose first chunks share a step, their states written from the step's
+    # pairs (one a row, packed from the front; the 4-row graph's padding row names none), against
+    # one restored alone in the same graph (so the same kernels at the same shapes).
+    engine = StreamEngine(m, max_streams=4, max_step_frames=32, prefix_cache_bytes=1 << 30, restores_in_step=True,
+                          runner=GraphRunner(m, StatePool(m, 4), batch_sizes=(4,), frame_sizes=(1, 32)))
+    engine.runner.capture(engine.prefill_shapes())
+    alone = []
+    for rid in ("prefilled", "restored"):
+        engine.open(rid, codes[:40])
+        alone.append(torch.cat([engine.push(rid, codes[40:41]), engine.push(rid, codes[41:60])]))
+        engine.finish(rid)
+    rids = ["a", "b", "c"]
+    for rid in rids:
+        engine.open(rid, codes[:40])
+    first, rest = engine.decode(dict.fromkeys(rids, codes[40:41])), engine.decode(dict.fromkeys(rids, codes[41:60]))
+    same = [torch.equal(torch.cat([first[rid], rest[rid]]), alone[1]) for rid in rids]
+    print(f"graphs, three cached streams in one step: each one's audio == one restored alone: {same} "
+          f"(restored alone == prefilled: {torch.equal(*alone)}; {engine.prefix_cache_stats()})", flush=True)
     return 0
 
 

@@ -8,7 +8,8 @@
 # pair a row: no restore launches on the worker. Here the legs (bench/ttfp_parts.py), none /
 # cached / cached / none, one process each, alternating this tree and the one before the change:
 #   _base (ignored; carry it): `mkdir _base && git archive 8283cbc code2wav | tar -x -C _base`.
-# `short`: this tree, then _base (about 5 minutes); the default adds one more of each.
+# First bench/restore_cost.py (the pairs kernel bit for bit on the GPU, three cached streams in one
+# step). `short`: then this tree, then _base (about 5 minutes); the default adds one more of each.
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 legs() {  # $1 name, $2 seconds it may take, $3 the tree whose code2wav runs (. or _base)
@@ -20,6 +21,8 @@ legs() {  # $1 name, $2 seconds it may take, $3 the tree whose code2wav runs (. 
   rm -f "$OUT/$name/plot.png"
 }
 [ -d _base/code2wav ] || { echo "no _base/code2wav: carry it" | tee -a "$log"; exit 1; }
+stamp "the restore's cost; restored streams' audio bit for bit, three in one step's pairs among them (bench/restore_cost.py)"
+timeout 90 python3 bench/restore_cost.py bfloat16 300 2>&1 | tee -a "$log"
 legs new_1 240 .  # the first process on a machine also makes the embedded weights and compiles Triton's kernels
 legs base_1 110 _base
 if [ "${1:-}" != short ]; then
