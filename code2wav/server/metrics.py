@@ -56,7 +56,7 @@ class _Metrics:
             yield CounterMetricFamily("code2wav_prefix_cache_evictions", "Prefix states dropped to stay under the bound", value=pc["evictions"])
             yield GaugeMetricFamily("code2wav_prefix_cache_bytes", "Bytes of prefix states kept", value=pc["bytes"])
             yield _by_label("code2wav_prefix_cache_restores", "Cached states written into their streams' slots, by how: inside the stream's first step "
-                            "(a restore pair) or by a launch of their own (past a step's pairs, or restores_in_step off)", "how",
+                            "(a restore pair) or by a launch of their own (restores_in_step off, or a prefix cached after the stream opened)", "how",
                             {"step": pc["restored_in_step"], "alone": pc["restored_alone"]})
         g = service.graph_stats()  # a GraphRunner (CUDA); the eager runner has none
         if g is not None:
