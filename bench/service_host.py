@@ -11,7 +11,7 @@ worker waiting on a CUDA sync does.
 ``python bench/service_host.py serve [--port 8091] [--max-streams 256] [--step-ms A,B] [--loop L] [--ws W]``
 serves it until SIGTERM; load it with ``bench/service_load.py``.
 ``python bench/service_host.py inproc [--levels 1,64,256] [--seconds 8] [--step-ms A,B] [--chunks 1,25]
-[--prefix 0,200,200,0 --voices 8 --prefix-cache-bytes N [--free-restores | --restore-launches]]`` runs the same workload on the
+[--prefix 0,200,200,0 --voices 8 --prefix-cache-bytes N [--free-restores | --restore-launches] [--in-step]]`` runs the same workload on the
 ``AsyncEngine`` in this process, no server: the ceiling the service is measured against, and the
 host side of a cached voice against none (a restore on CPU is the foreach copy, not the GPU's).
 """
@@ -49,13 +49,23 @@ class SimulatedDevice(EagerRunner):
         return torch.zeros(codes.shape[0], codes.shape[2] * self.model.config.samples_per_frame, dtype=torch.bfloat16)
 
 
-def build_core(max_streams: int, step_ms: str, max_batch_frames: int = 512, prefix_cache_bytes: int = 0) -> StreamEngine:
+def build_core(max_streams: int, step_ms: str, max_batch_frames: int = 512, prefix_cache_bytes: int = 0,
+               restores_in_step: bool = False) -> StreamEngine:
     base, per_row = (float(x) / 1e3 for x in step_ms.split(","))
     model = Decoder(TINY)
     model.fold()  # a reference prefix's prefill runs the (tiny) model's front for real
     pool = StatePool(model, max_streams)
     return StreamEngine(model, runner=SimulatedDevice(model, pool, base, per_row), max_step_frames=32, max_batch_frames=max_batch_frames,
-                        prefix_cache_bytes=prefix_cache_bytes)
+                        prefix_cache_bytes=prefix_cache_bytes, restores_in_step=restores_in_step)
+
+
+def emulate_restores_in_step() -> None:
+    """``restores_in_step`` on CPU, for timing: the stager puts hits into the steps' restore pairs
+    as on a GPU, and the pairs kernel (which the simulated device would never run) does nothing."""
+    from code2wav.kernels import slot_copy
+
+    slot_copy.applies = lambda device: True
+    slot_copy.SlotLayout.warm = slot_copy.SlotLayout.write_pairs = lambda self, *a: None
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -92,11 +102,14 @@ def inproc(args: argparse.Namespace) -> int:
     levels = [int(x) for x in args.levels.split(",")]
     chunks = [int(x) for x in args.chunks.split(",")]
     prefixes = [int(x) for x in args.prefix.split(",")]
-    core = build_core(max(levels), args.step_ms, args.max_batch_frames, args.prefix_cache_bytes)
-    if args.free_restores:  # timing only (the simulated device reads no state): a hit's copy costs no host time,
-        core.pool.restore = lambda slot, state: None  # as on a GPU with the copy inside the step
+    if args.in_step:
+        emulate_restores_in_step()
+    # On the class, before the engine is built (a stager may keep the bound method): timing only, the simulated device reads no state.
+    if args.free_restores:  # a hit's copy costs no host time, as on a GPU with the copy inside the step
+        StatePool.restore = lambda self, slot, state: None
     if args.restore_launches:  # a hit's copy is a launch on the worker: it lets go of the GIL (as Triton's launcher does), nothing more
-        core.pool.restore = lambda slot, state: time.sleep(0)
+        StatePool.restore = lambda self, slot, state: time.sleep(0)
+    core = build_core(max(levels), args.step_ms, args.max_batch_frames, args.prefix_cache_bytes, restores_in_step=args.in_step)
     if args.voices and max(prefixes):  # every voice's state in the cache before the timed runs
         for v in range(0, args.voices, 4):
             asyncio.run(_workload(core, 4, 30, chunks, max(prefixes), 0.0, seed=99, voices=args.voices, first_voice=v))
@@ -131,6 +144,9 @@ def main(argv: list[str]) -> int:
     i.add_argument("--voices", type=int, default=0, help="prefixes drawn from this many references (0: each stream its own)")
     i.add_argument("--prefix-cache-bytes", type=int, default=0)
     i.add_argument("--free-restores", action="store_true", help="a cache hit's copy writes nothing (timing only)")
+    i.add_argument("--in-step", action="store_true",
+                   help="hits go into the steps' restore pairs, as on a GPU (the pairs kernel does nothing; a restore a step's pairs "
+                        "have no room for, where a code2wav has that limit, goes by pool.restore: see --restore-launches)")
     i.add_argument("--restore-launches", action="store_true",
                    help="a cache hit's copy writes nothing and lets go of the GIL once, as a kernel launch does (timing only)")
     for q in (s, i):
