@@ -69,11 +69,7 @@ def main() -> int:
                                   runner=GraphRunner(m, StatePool(m, 2), batch_sizes=(1,), frame_sizes=(1, 32)) if graphs else None)
             if graphs:  # after the engine: with in_step, each graph captures the pairs kernel at its head
                 engine.runner.capture(engine.prefill_shapes())
-            audio = []
-            for rid in ("prefilled", "restored"):
-                engine.open(rid, codes[:40])
-                audio.append(torch.cat([engine.push(rid, codes[40:41]), engine.push(rid, codes[41:60])]))
-                engine.finish(rid)
+            audio = prefilled_then_restored(engine, codes)
             print(f"{'graphs' if graphs else 'eager'}, restores_in_step={in_step}: a restored stream's audio == a prefilled one's: "
                   f"{torch.equal(*audio)} ({engine.prefix_cache_stats()})", flush=True)
     # Three cached streams whose first chunks share a step, their states written from the step's
@@ -82,11 +78,7 @@ def main() -> int:
     engine = StreamEngine(m, max_streams=4, max_step_frames=32, prefix_cache_bytes=1 << 30, restores_in_step=True,
                           runner=GraphRunner(m, StatePool(m, 4), batch_sizes=(4,), frame_sizes=(1, 32)))
     engine.runner.capture(engine.prefill_shapes())
-    alone = []
-    for rid in ("prefilled", "restored"):
-        engine.open(rid, codes[:40])
-        alone.append(torch.cat([engine.push(rid, codes[40:41]), engine.push(rid, codes[41:60])]))
-        engine.finish(rid)
+    alone = prefilled_then_restored(engine, codes)
     rids = ["a", "b", "c"]
     for rid in rids:
         engine.open(rid, codes[:40])
@@ -95,6 +87,17 @@ def main() -> int:
     print(f"graphs, three cached streams in one step: each one's audio == one restored alone: {same} "
           f"(restored alone == prefilled: {torch.equal(*alone)}; {engine.prefix_cache_stats()})", flush=True)
     return 0
+
+
+def prefilled_then_restored(engine: StreamEngine, codes: torch.Tensor) -> list[torch.Tensor]:
+    """The audio of a stream opened with ``codes[:40]`` (a miss: prefilled), then of another with
+    the same prefix (a hit: restored), each decoding ``codes[40:60]`` as 1 then 19 frames."""
+    audio = []
+    for rid in ("prefilled", "restored"):
+        engine.open(rid, codes[:40])
+        audio.append(torch.cat([engine.push(rid, codes[40:41]), engine.push(rid, codes[41:60])]))
+        engine.finish(rid)
+    return audio
 
 
 if __name__ == "__main__":
