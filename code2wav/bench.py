@@ -252,8 +252,8 @@ def run(
                 c0, cpu0 = core.prefix_cache_stats() or {}, time.process_time()
                 m = asyncio.run(_workload(core, c, frames, schedule, prefix_frames, stagger_s, seed=c, seconds=seconds, pace=pace, voices=voices))
                 c1, cpu_s = core.prefix_cache_stats() or c0, time.process_time() - cpu0  # the run's alone
-                d = {k: c1[k] - c0[k] for k in c1}  # the run's own counts (none without a cache)
-                hits, misses, alone, paired = (d.get(k, 0) for k in ("hits", "misses", "restored_alone", "restored_in_step"))
+                # the run's own counts (none without a cache)
+                hits, misses, alone, paired = (c1.get(k, 0) - c0.get(k, 0) for k in ("hits", "misses", "restored_alone", "restored_in_step"))
                 g, audio_s = core.runner_stats() or {}, m.samples / core.cfg.sample_rate
                 results.append(
                     Result(
