@@ -72,21 +72,64 @@ def main() -> int:
             audio = prefilled_then_restored(engine, codes)
             print(f"{'graphs' if graphs else 'eager'}, restores_in_step={in_step}: a restored stream's audio == a prefilled one's: "
                   f"{torch.equal(*audio)} ({engine.prefix_cache_stats()})", flush=True)
+    print(f"the pairs kernel, three pairs: each slot written bit for bit (eager, in a CUDA graph): {pairs_written(m)}", flush=True)
     # Three cached streams whose first chunks share a step, their states written from the step's
     # pairs (one a row, packed from the front; the 4-row graph's padding row names none), against
-    # one restored alone in the same graph (so the same kernels at the same shapes).
-    engine = StreamEngine(m, max_streams=4, max_step_frames=32, prefix_cache_bytes=1 << 30, restores_in_step=True,
-                          runner=GraphRunner(m, StatePool(m, 4), batch_sizes=(4,), frame_sizes=(1, 32)))
-    engine.runner.capture(engine.prefill_shapes())
-    alone = prefilled_then_restored(engine, codes)
-    rids = ["a", "b", "c"]
-    for rid in rids:
-        engine.open(rid, codes[:40])
-    first, rest = engine.decode(dict.fromkeys(rids, codes[40:41])), engine.decode(dict.fromkeys(rids, codes[41:60]))
-    same = [torch.equal(torch.cat([first[rid], rest[rid]]), alone[1]) for rid in rids]
-    print(f"graphs, three cached streams in one step: each one's audio == one restored alone: {same} "
-          f"(restored alone == prefilled: {torch.equal(*alone)}; {engine.prefix_cache_stats()})", flush=True)
+    # the same three streams prefilled, with no cache, in the same rows of the same graph.
+    audio = {}
+    for cached in (True, False):
+        engine = StreamEngine(m, max_streams=4, max_step_frames=32, prefix_cache_bytes=(1 << 30) if cached else 0, restores_in_step=cached,
+                              runner=GraphRunner(m, StatePool(m, 4), batch_sizes=(4,), frame_sizes=(1, 32)))
+        engine.runner.capture(engine.prefill_shapes())
+        alone = prefilled_then_restored(engine, codes)
+        rids = ["a", "b", "c"]
+        for rid in rids:
+            engine.open(rid, codes[:40])
+        first, rest = engine.decode(dict.fromkeys(rids, codes[40:41])), engine.decode(dict.fromkeys(rids, codes[41:60]))
+        audio[cached] = {rid: torch.cat([first[rid], rest[rid]]) for rid in rids}
+        slots = {rid: engine._streams[rid].slot for rid in rids}
+        print(f"graphs, three {'cached' if cached else 'prefilled'} streams in one step (slots {slots}): each one's audio == one "
+              f"{'restored' if cached else 'prefilled'} alone: {[torch.equal(a, alone[1]) for a in audio[cached].values()]} "
+              f"({engine.prefix_cache_stats()})", flush=True)
+    same = [torch.equal(audio[True][r], audio[False][r]) for r in audio[True]]
+    print(f"graphs, three streams in one step, cached == prefilled, row by row: {same}", flush=True)
     return 0
+
+
+def pairs_written(m, graphs: tuple[bool, ...] = (False, True)) -> list[bool]:
+    """The pairs kernel (``SlotLayout.write_pairs``) given three pairs (two snapshots, slots 0, 2
+    and 3) and an empty one, at both alignments a step's inputs give them, run eagerly and
+    replayed from a CUDA graph: whether every named slot then holds its snapshot bit for bit."""
+    pool = StatePool(m, 4)
+    layout, device = pool.layout, pool.device  # built (and its write kernel warmed) first
+    every = [*pool.buffers.values(), pool.position]
+    got = []
+    for graph in graphs:
+        for at in (0, 1):
+            for b in every:
+                b.copy_(torch.randint(-1000, 1000, b.shape, device=device).to(b.dtype))
+            snaps = [pool.snapshot(1), pool.snapshot(4)]
+            want = {0: 0, 2: 1, 3: 0}
+            buf = torch.zeros(at + 10, dtype=torch.long, device=device)
+            pairs = buf[at : at + 10].view(5, 2)
+            if graph:
+                g = torch.cuda.CUDAGraph()
+                s = torch.cuda.Stream()
+                s.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(s):
+                    layout.write_pairs(pairs)  # compiled and warmed outside the capture
+                torch.cuda.current_stream().wait_stream(s)
+                with torch.cuda.graph(g):
+                    layout.write_pairs(pairs)
+            for b in every:  # the named slots scrambled again, so only the kernel can set them
+                b[[0, 2, 3]] = 7
+            pairs[:3] = torch.tensor([[snaps[want[slot]].flat.data_ptr(), slot] for slot in want], device=device)
+            g.replay() if graph else layout.write_pairs(pairs)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            views = {i: layout.views(s.flat) for i, s in enumerate(snaps)}
+            got.append(all(torch.equal(b[slot].flatten(), views[want[slot]][k].flatten()) for slot in want for k, b in enumerate(every)))
+    return got
 
 
 def prefilled_then_restored(engine: StreamEngine, codes: torch.Tensor) -> list[torch.Tensor]:
