@@ -90,7 +90,7 @@ def main() -> int:
         slots = {rid: engine._streams[rid].slot for rid in rids}
         print(f"graphs, three {'cached' if cached else 'prefilled'} streams in one step (slots {slots}): each one's audio == one "
               f"{'restored' if cached else 'prefilled'} alone: {[torch.equal(a, alone[1]) for a in audio[cached].values()]} "
-              f"({engine.prefix_cache_stats()})", flush=True)
+              f"({engine.prefix_cache_stats()}; restores in steps off because: {engine.pool.in_step_off})", flush=True)
     same = [torch.equal(audio[True][r], audio[False][r]) for r in audio[True]]
     print(f"graphs, three streams in one step, cached == prefilled, row by row: {same}", flush=True)
     return 0

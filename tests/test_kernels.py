@@ -1170,6 +1170,7 @@ def _in_step_engine(monkeypatch, streams: int) -> tuple[StreamEngine, list[str]]
         real = getattr(slot_copy.SlotLayout, name)
         monkeypatch.setattr(slot_copy.SlotLayout, name, lambda self, *a, real=real, name=name: launches.append(name) or real(self, *a))
     engine = StreamEngine(model(SMALL, torch.float32), max_streams=streams, prefix_cache_bytes=64 << 20, restores_in_step=True)
+    launches.clear()  # the pairs kernel's check when the engine was built (enable_restores_in_step)
     return engine, launches
 
 
@@ -1219,6 +1220,41 @@ def test_every_cached_first_chunk_of_a_step_goes_in_as_one_of_its_pairs(monkeypa
     rest = engine.decode({rid: t[2:] for rid, t in tails.items()})
     stats = engine.prefix_cache_stats()
     assert "write" not in launches and stats["hits"] == 3 and (stats["restored_in_step"], stats["restored_alone"]) == (3, 0)
+    for rid, t in tails.items():
+        assert close(torch.cat([out[rid], rest[rid]]), forward_audio(m, torch.cat([voice, t]))[12 * 1920 :], 1e-4), rid
+
+
+@pytest.mark.parametrize("broken", ["first pair only", "past the empty pair"])
+def test_a_pairs_kernel_that_fails_its_check_leaves_restores_to_their_own_launch(monkeypatch, broken):
+    """``StatePool.enable_restores_in_step`` checks the pairs kernel on the scratch row before
+    turning it on: where it stops after its first pair, or reads past the empty one that ends
+    them, restores inside steps stay off (the reason kept and logged) and every cached state goes
+    in by a launch of its own, so three cached streams sharing a step still get the forward's
+    audio. The real kernel (Triton's interpreter) passes and leaves the scratch row zero."""
+    from code2wav.kernels import slot_copy
+    from tests.models import forward_audio
+
+    engine, _ = _in_step_engine(monkeypatch, 3)
+    assert engine.pool.restores_in_step and engine.pool.in_step_off is None
+    assert all(not b[engine.pool.scratch_slot].any() for b in [*engine.pool.buffers.values(), engine.pool.position])
+    real = slot_copy.SlotLayout.write_pairs
+    kept = (lambda pairs: pairs[:1]) if broken == "first pair only" else (lambda pairs: pairs[pairs[:, 0] != 0])  # noqa: E731
+    monkeypatch.setattr(slot_copy.SlotLayout, "write_pairs", lambda self, pairs: real(self, kept(pairs)))
+    engine = StreamEngine(engine.model, max_streams=3, prefix_cache_bytes=64 << 20, restores_in_step=True)
+    assert not engine.pool.restores_in_step and not engine.stager.restores_in_step
+    assert "did not write its pairs bit for bit" in engine.pool.in_step_off
+    m = engine.model
+    voice = random_codes(12, SMALL, seed=31)
+    tails = {f"s{i}": random_codes(6, SMALL, seed=40 + i) for i in range(3)}
+    engine.open("warm", voice)
+    engine.push("warm", tails["s0"][:1])
+    engine.finish("warm")
+    for rid in tails:
+        engine.open(rid, voice)
+    out = engine.decode({rid: t[:2] for rid, t in tails.items()})
+    rest = engine.decode({rid: t[2:] for rid, t in tails.items()})
+    stats = engine.prefix_cache_stats()
+    assert stats["hits"] == 3 and (stats["restored_in_step"], stats["restored_alone"]) == (0, 3)
     for rid, t in tails.items():
         assert close(torch.cat([out[rid], rest[rid]]), forward_audio(m, torch.cat([voice, t]))[12 * 1920 :], 1e-4), rid
 

@@ -15,7 +15,9 @@ in Python) is most of a restore's host time, and a restore sits on a cached voic
 Once ``warm`` has compiled the kernel and checked its own launcher on a slot that holds nothing,
 ``write`` calls that launcher directly (``_Direct``):
 every argument but ``slot`` and the snapshot is fixed per layout, and the one specialisation left
-to check, the snapshot's 16-byte alignment, is checked per call.
+to check, the snapshot's 16-byte alignment, is checked per call. The pairs kernel (a step's
+restores as data in its inputs, ``write_pairs``) is checked the same way before it is used
+(``check_pairs``).
 """
 
 from __future__ import annotations
@@ -116,6 +118,27 @@ class SlotLayout:
         has run."""
         _pairs_kernel[self._grid()](self._table, pairs, self._offsets, self._sizes, self.nseg, pairs.shape[0], BLOCK=BLOCK)
 
+    def check_pairs(self, slot: int) -> str | None:
+        """Compile the pairs kernel (both alignments a step's inputs give its pairs) and check it
+        once on ``slot``, which must hold nothing: two snapshots named in turn for ``slot``, then
+        an empty pair, then the first snapshot again, must leave the second there bit for bit
+        (the kernel went past its first pair and stopped at the empty one). None if it did, else
+        what went wrong; ``slot`` holds zeros again after."""
+        first, zeros = self._pattern(), self.flat()
+        second = first + 1
+        why = None
+        for at in (0, 1):
+            self.write(slot, zeros)
+            buf = torch.zeros(at + 8, dtype=torch.long, device=self.device)
+            pairs = buf[at : at + 8].view(4, 2)
+            pairs[:, 1] = slot
+            pairs[0, 0], pairs[1, 0], pairs[3, 0] = first.data_ptr(), second.data_ptr(), first.data_ptr()
+            self.write_pairs(pairs)
+            if why is None and not self._holds(slot, second):
+                why = f"the pairs kernel did not write its pairs bit for bit (pairs {'16' if at == 0 else 'only 8'}-byte aligned)"
+        self.write(slot, zeros)
+        return why
+
     def _grid(self) -> tuple[int, int]:
         return self.nseg, triton.cdiv(self.most, BLOCK)
 
@@ -133,17 +156,25 @@ class SlotLayout:
         if isinstance(direct, str):
             self.direct_off = direct
             return
-        pattern = torch.arange(self.total, dtype=torch.int32, device=self.device).to(torch.int16)
+        pattern = self._pattern()
         try:
             if not direct(slot, pattern):
                 ok, why = False, "a Triton launch hook is set (a profiler's)"
             else:
-                ok = all(torch.equal(t.view(torch.int16).flatten(), pattern[off : off + n]) for t, off, n in zip(self._rows[slot], self.offsets, self.units))
+                ok = self._holds(slot, pattern)
                 why = None if ok else "the direct launch did not write the pattern bit for bit"
         except Exception as e:  # a launcher of another signature: Triton's own launch stays
             ok, why = False, f"the direct launch raised {type(e).__name__}: {e}"
         self._direct, self.direct_off = (direct if ok else None), why
         self._launch(slot, zeros)
+
+    def _pattern(self) -> Tensor:
+        """A snapshot whose every 16-bit unit differs from its neighbours' (a write's check)."""
+        return torch.arange(self.total, dtype=torch.int32, device=self.device).to(torch.int16)
+
+    def _holds(self, slot: int, flat: Tensor) -> bool:
+        """Whether ``slot``'s every segment is ``flat``'s, bit for bit."""
+        return all(torch.equal(t.view(torch.int16).flatten(), flat[off : off + n]) for t, off, n in zip(self._rows[slot], self.offsets, self.units))
 
 
 class _Direct:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -10,6 +11,8 @@ from torch import Tensor
 from code2wav.kernels import slot_copy
 from code2wav.model.decoder import Decoder
 from code2wav.model.streaming import Step
+
+log = logging.getLogger(__name__)
 
 
 def packed_inputs(b: int, t: int, scratch_slot: int, device: torch.device | str | None = None,
@@ -109,6 +112,7 @@ class StatePool:
         self._rows = [([b[s : s + 1] for b in self.buffers.values()], self.position[s : s + 1]) for s in range(rows)]
         self._layout: slot_copy.SlotLayout | None = None  # built at the first snapshot (prefix cache only)
         self.restores_in_step = False  # see enable_restores_in_step
+        self.in_step_off: str | None = None  # why enable_restores_in_step left them off
         self.restored_alone = 0  # snapshots written by ``restore`` (a launch of their own), not by a step's restore pairs
 
     @property
@@ -210,17 +214,20 @@ class StatePool:
             return *packed_views(up, *x.shape), restore_pairs(up, *x.shape)
         return x.to(self.device, non_blocking=True), slots.to(self.device, non_blocking=True), n_new.to(self.device, non_blocking=True), None
 
-    def enable_restores_in_step(self) -> None:
+    def enable_restores_in_step(self) -> bool:
         """From now on each step first writes the slots its inputs' restore pairs name from their
         snapshots (``StatePool.run``; the engine's stager fills the pairs): a cached prefix's
         state then goes in inside its first step, with no launch of its own on the first
-        packet's path. CUDA with Triton only (``slot_copy.applies``); compiles the kernel now."""
+        packet's path. CUDA with Triton only (``slot_copy.applies``); compiles the kernel now and
+        checks it on the scratch row. Returns whether it is on: not where that check failed
+        (``in_step_off`` says why; a restore then goes by its own launch, ``restore``)."""
         if not slot_copy.applies(self.device):
             raise ValueError("restores inside a step need CUDA with Triton")
-        zeros = torch.zeros(5, dtype=torch.long, device=self.device)
-        for at in (0, 1):  # pairs start 16- or only 8-byte aligned in a step's inputs: both of Triton's variants
-            self.layout.write_pairs(zeros[at : at + 4].view(2, 2))
-        self.restores_in_step = True
+        self.in_step_off = self.layout.check_pairs(self.scratch_slot)
+        if self.in_step_off is not None:
+            log.warning("restores inside a step are off: %s; a cached prefix's state goes in by a launch of its own", self.in_step_off)
+        self.restores_in_step = self.in_step_off is None
+        return self.restores_in_step
 
     @torch.no_grad()
     def run(self, model: Decoder, codes: Tensor, slots: Tensor, n_new: Tensor) -> Tensor:

@@ -48,9 +48,8 @@ class Prefill:
         self.rows = prefill_rows(max_batch_frames, self.back_context, self.pool.max_streams)
         self.bucket = bucket
         self.cache = cache
-        self.in_step = in_step
-        if in_step:  # compiles the kernel a step's head runs, before any graph captures it
-            self.pool.enable_restores_in_step()
+        # Compiles (and checks) the kernel a step's head runs, before any graph captures it.
+        self.in_step = in_step and self.pool.enable_restores_in_step()
         self.device = self.pool.device
 
     def shapes(self) -> list[tuple[str, int, int]]:
