@@ -1199,29 +1199,36 @@ def test_a_cached_state_goes_in_inside_the_streams_first_step_and_equals_the_for
     assert len(staged) == 3 and not any(s.held for s in staged), "no snapshot held past its step"
 
 
-def test_every_cached_first_chunk_of_a_step_goes_in_as_one_of_its_pairs(monkeypatch):
-    """Three cached streams whose first chunks share a step: the step's inputs carry a restore
-    pair a row, so all three go in inside it and none by a launch of its own (on the GPU each
-    such launch on the worker let the event loop take the interpreter lock from the step's host
-    path); each stream's audio is the forward's."""
+def three_cached_streams_in_one_step(engine: StreamEngine, before_them=lambda: None) -> dict[str, bool]:
+    """A stream prefills a voice (a miss, then cached); three more open with it and decode their
+    first 2 frames in one step, the rest in another. Per stream: whether its audio is the
+    whole-utterance forward's (float32, 1e-4)."""
     from tests.models import forward_audio
 
-    engine, launches = _in_step_engine(monkeypatch, 3)
-    m = engine.model
     voice = random_codes(12, SMALL, seed=31)
     tails = {f"s{i}": random_codes(6, SMALL, seed=40 + i) for i in range(3)}
     engine.open("warm", voice)
     engine.push("warm", tails["s0"][:1])
     engine.finish("warm")
-    launches.clear()
+    before_them()
     for rid in tails:
         engine.open(rid, voice)
     out = engine.decode({rid: t[:2] for rid, t in tails.items()})
     rest = engine.decode({rid: t[2:] for rid, t in tails.items()})
+    return {rid: close(torch.cat([out[rid], rest[rid]]), forward_audio(engine.model, torch.cat([voice, t]))[12 * 1920 :], 1e-4) for rid, t in tails.items()}
+
+
+def test_every_cached_first_chunk_of_a_step_goes_in_as_one_of_its_pairs(monkeypatch):
+    """Three cached streams whose first chunks share a step: the step's inputs carry a restore
+    pair a row, so all three go in inside it and none by a launch of its own (on the GPU each
+    such launch on the worker let the event loop take the interpreter lock from the step's host
+    path); each stream's audio is the forward's."""
+
+    engine, launches = _in_step_engine(monkeypatch, 3)
+    exact = three_cached_streams_in_one_step(engine, before_them=launches.clear)
     stats = engine.prefix_cache_stats()
     assert "write" not in launches and stats["hits"] == 3 and (stats["restored_in_step"], stats["restored_alone"]) == (3, 0)
-    for rid, t in tails.items():
-        assert close(torch.cat([out[rid], rest[rid]]), forward_audio(m, torch.cat([voice, t]))[12 * 1920 :], 1e-4), rid
+    assert all(exact.values()), exact
 
 
 @pytest.mark.parametrize("broken", ["first pair only", "past the empty pair"])
@@ -1232,7 +1239,6 @@ def test_a_pairs_kernel_that_fails_its_check_leaves_restores_to_their_own_launch
     in by a launch of its own, so three cached streams sharing a step still get the forward's
     audio. The real kernel (Triton's interpreter) passes and leaves the scratch row zero."""
     from code2wav.kernels import slot_copy
-    from tests.models import forward_audio
 
     engine, _ = _in_step_engine(monkeypatch, 3)
     assert engine.pool.restores_in_step and engine.pool.in_step_off is None
@@ -1243,20 +1249,10 @@ def test_a_pairs_kernel_that_fails_its_check_leaves_restores_to_their_own_launch
     engine = StreamEngine(engine.model, max_streams=3, prefix_cache_bytes=64 << 20, restores_in_step=True)
     assert not engine.pool.restores_in_step and not engine.stager.restores_in_step
     assert "did not write its pairs bit for bit" in engine.pool.in_step_off
-    m = engine.model
-    voice = random_codes(12, SMALL, seed=31)
-    tails = {f"s{i}": random_codes(6, SMALL, seed=40 + i) for i in range(3)}
-    engine.open("warm", voice)
-    engine.push("warm", tails["s0"][:1])
-    engine.finish("warm")
-    for rid in tails:
-        engine.open(rid, voice)
-    out = engine.decode({rid: t[:2] for rid, t in tails.items()})
-    rest = engine.decode({rid: t[2:] for rid, t in tails.items()})
+    exact = three_cached_streams_in_one_step(engine)
     stats = engine.prefix_cache_stats()
     assert stats["hits"] == 3 and (stats["restored_in_step"], stats["restored_alone"]) == (0, 3)
-    for rid, t in tails.items():
-        assert close(torch.cat([out[rid], rest[rid]]), forward_audio(m, torch.cat([voice, t]))[12 * 1920 :], 1e-4), rid
+    assert all(exact.values()), exact
 
 
 def test_the_pairs_kernel_writes_the_pairs_before_the_first_empty_one(monkeypatch):
