@@ -4,7 +4,7 @@
 # wrong past its first pair on the GPU, or rows 2 and 3 of a bfloat16 step not bit for bit row 1's?
 # restore_cost.py now also checks the kernel by itself (three pairs, eager and replayed from a CUDA
 # graph) and the three cached streams against the same three prefilled in the same rows. Then the
-# legs at 512 streams ramped on this tree, two processes (`long`: three; call 1 gave it two).
+# legs at 512 streams ramped on this tree, two processes (`long`: three; `quick`: the check alone).
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 legs() {  # $1 name, $2 seconds it may take
