@@ -1223,7 +1223,6 @@ def test_every_cached_first_chunk_of_a_step_goes_in_as_one_of_its_pairs(monkeypa
     pair a row, so all three go in inside it and none by a launch of its own (on the GPU each
     such launch on the worker let the event loop take the interpreter lock from the step's host
     path); each stream's audio is the forward's."""
-
     engine, launches = _in_step_engine(monkeypatch, 3)
     exact = three_cached_streams_in_one_step(engine, before_them=launches.clear)
     stats = engine.prefix_cache_stats()
