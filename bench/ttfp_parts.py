@@ -14,8 +14,9 @@
 For each timed phase (a ``--prefix`` entry, warm-ups left out) it prints the mean and p50 of each
 leg over the first chunks pushed inside the measured window, the device time of the steps of
 1-frame pieces (first chunks' steps on a ramped schedule) and of all steps, how many first rows a group held
-and what share of the streams still held a cached state not yet written in at their first push
-(with ``restores_in_step``, their first step writes it). Session 42 wrote it to break
+what share of the streams still held a cached state not yet written in at their first push
+(with ``restores_in_step``, their first step writes it) and the garbage collector's passes by
+generation (each holds the GIL: both threads wait; ``gc_freeze`` keeps the full ones short). Session 42 wrote it to break
 the 512-stream cached-voice first-packet gap down (BENCHMARKS.md, "Voice clones that repeat").
 
     python3 bench/ttfp_parts.py -- --modes exact-graph --frames 101 --levels 512 \
@@ -27,6 +28,7 @@ simulated device, on a CPU.
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import time
@@ -42,6 +44,17 @@ from code2wav.stream.schedule import Scheduler
 LEGS = ("push", "taken", "grouped", "launched", "handed", "landed")
 phases: list[dict] = []  # per timed _workload call: its prefix, window and per-rid points
 _cur: dict | None = None
+pauses: list[tuple[float, float, int]] = []  # the collector's passes: (start, seconds, generation)
+_gc_start = 0.0
+
+
+def _on_gc(phase: str, info: dict) -> None:
+    """A collector pass holds the GIL: the worker and the loop both wait it out."""
+    global _gc_start
+    if phase == "start":
+        _gc_start = time.perf_counter()
+    else:
+        pauses.append((_gc_start, time.perf_counter() - _gc_start, info["generation"]))
 
 
 def _patch() -> None:
@@ -122,6 +135,7 @@ def _patch() -> None:
                 ph["points"][rid].setdefault("handed", time.perf_counter())
         return hand_over(self, fut, res)
 
+    gc.callbacks.append(_on_gc)
     bench._workload = timed_workload
     AsyncEngine.submit, AsyncEngine._take, AsyncEngine._hand_over = timed_submit, timed_take, timed_hand_over
     Scheduler.next_group = timed_next_group
@@ -140,6 +154,9 @@ def summary(ph: dict) -> dict:
         sel = [(sec, rows) for sec, rows, fr in steps if keep(fr)]
         out[name] = {"n": len(sel), "mean_ms": round(1e3 * float(np.mean([x[0] for x in sel])), 4),
                      "rows": round(float(np.mean([x[1] for x in sel])), 2)} if sel else None
+    for g in (0, 1, 2):  # the collector's passes inside the window, by generation
+        sel = [sec for t, sec, gen in pauses if gen == g and ph["start"] <= t <= ph["end"]]
+        out[f"gc{g}"] = {"n": len(sel), "total_ms": round(1e3 * sum(sel), 2), "max_ms": round(1e3 * max(sel, default=0.0), 2)}
     total = np.array([p["landed"] - p["push"] for p in rows]) * 1e3
     out["ttfp"] = {"mean_ms": round(float(total.mean()), 3), "p50_ms": round(float(np.median(total)), 3)} if len(total) else None
     return out

@@ -23,9 +23,10 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from code2wav.engine.async_engine import AsyncEngine
-from code2wav.engine.build import EngineConfig, build_engine
+from code2wav.engine.build import EngineConfig, build_engine, thaw_heap
 from code2wav.engine.graphs import default_batch_frames, use_expandable_segments
 from code2wav.files import out_dir
 from code2wav.model.decoder import Decoder
@@ -205,10 +206,9 @@ def run(
     base: EngineConfig | None = None,
     voices: int = 0,
 ) -> list[Result]:
-    """``warm_eager`` (default: on CUDA): eager modes run each level's workload once untimed
-    before the timed run, so that the first call of every new shape (cuDNN's plan for it, say)
-    is not inside their timings; graphs meet their shapes at capture. ``first_chunk_waits``
-    (seconds; None: the engine's default): each level runs once per value, on one engine.
+    """``warm_eager`` (default: on CUDA): eager modes run each level's workload once untimed first,
+    so that a new shape's first call (cuDNN's plan for it) is not timed; graphs meet their shapes
+    at capture. ``first_chunk_waits`` (seconds; None: the engine's default): each level runs once per value, on one engine.
     ``base``: every other engine knob (``max_streams`` is the largest level; pieces of 32 frames
     unless it sets ``max_step_frames``). ``voices``: prefixes drawn from that many references
     (``_workload``; 0: each stream its own)."""
@@ -218,8 +218,6 @@ def run(
     warm_eager = cuda if warm_eager is None else warm_eager
     weights_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
     results: list[Result] = []
-    from tqdm import tqdm
-
     bar = tqdm(total=len(modes) * len(levels) * len(prefixes) * len(first_chunk_waits), disable=not progress, desc="bench")
     for mode in modes:
         if mode == "exact-graph" and not cuda:
@@ -293,6 +291,8 @@ def run(
                 print(json.dumps(json_safe(asdict(results[-1]))), flush=True)  # kept even if a later level is cut off
                 bar.update(1)
         del core
+        if base.gc_freeze:  # its cycles were frozen with it: freed before the next mode's run
+            thaw_heap()
     bar.close()
     return results
 

@@ -197,12 +197,13 @@ def add_set(p: argparse.ArgumentParser) -> None:
 
 def engine_config(args: argparse.Namespace, device: Any, extra: Sequence[str] = ()) -> Any:
     """The ``EngineConfig`` of a subcommand's engine options (--model, --device, --dtype,
-    --low-rate-dtype, --max-streams where it has them), then ``extra`` and ``--set`` applied."""
+    --low-rate-dtype, --max-streams where it has them; ``gc_freeze`` on), then ``extra`` and
+    ``--set`` applied."""
     from code2wav.engine.build import EngineConfig
 
     kw = {name: getattr(args, name) for name in ("model", "dtype", "low_rate_dtype", "max_streams") if getattr(args, name, None) is not None}
     try:
-        cfg = EngineConfig(device=str(device), **kw)
+        cfg = EngineConfig(device=str(device), gc_freeze=True, **kw)  # the subcommand owns its process
     except ValueError as e:
         raise CliError(str(e)) from None
     return apply_settings(cfg, [*extra, *getattr(args, "settings", [])])

@@ -21,7 +21,18 @@ if "torch" not in sys.modules:
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+import gc  # noqa: E402
+
 import pytest  # noqa: E402  (after the environment above)
+
+
+@pytest.fixture(autouse=True)
+def _heap_thawed():
+    """A CLI subcommand run in-process (``code2wav serve``: ``gc_freeze`` on) freezes the test
+    process's heap; the next test starts with it handed back, so nothing frozen outlives its test."""
+    yield
+    if gc.get_freeze_count():
+        gc.unfreeze()
 
 
 @pytest.fixture(scope="session")

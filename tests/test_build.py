@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
+import gc
+import weakref
+
 import pytest
 import torch
 
 from code2wav.engine.async_engine import AsyncEngine
-from code2wav.engine.build import EAGER_BATCH_FRAMES, EAGER_STEP_FRAMES, EngineConfig, build_async_engine, build_engine
+from code2wav.engine.build import EAGER_BATCH_FRAMES, EAGER_STEP_FRAMES, EngineConfig, build_async_engine, build_engine, thaw_heap
 from code2wav.kernels import slot_copy
 from code2wav.model.choices import LayerChoices
+from code2wav.options import engine_config
 from code2wav.stream.baselines import BaselineEngine
 from code2wav.stream.engine import StreamEngine
 from code2wav.stream.runner import EagerRunner
@@ -36,6 +41,43 @@ def test_a_baseline_mode_builds_a_baseline_engine(mode):
     engine = build_engine(EngineConfig(mode=mode, max_streams=2, max_batch_frames=64), model=model(SMALL, torch.float64))
     assert isinstance(engine, BaselineEngine) and engine.mode == mode and engine.max_streams == 2 and engine.max_batch_frames == 64
     assert engine.runner_stats() is None and engine.state_bytes()["pool"] == 0
+
+
+class _Cycle:
+    def __init__(self):
+        self.me = self
+
+
+@pytest.mark.parametrize("mode", ["exact", "windowed"])
+def test_gc_freeze_collects_then_freezes_the_heap_once_the_engine_is_built(mode):
+    """A full collector pass holds the GIL (the worker and the event loop both wait); with
+    ``gc_freeze`` it no longer walks what was alive at build. Garbage of before the build is
+    collected, not frozen; ``thaw_heap`` hands everything back."""
+    m = model(SMALL, torch.float64)
+    assert gc.get_freeze_count() == 0
+    build_engine(EngineConfig(mode=mode, max_streams=2), model=m)
+    assert gc.get_freeze_count() == 0  # a library caller's process keeps its own collector policy
+    garbage = weakref.ref(_Cycle())  # unreachable, kept alive by its cycle until a pass
+    assert garbage() is not None
+    try:
+        engine = build_engine(EngineConfig(mode=mode, max_streams=2, gc_freeze=True), model=m)
+        assert garbage() is None  # collected first: frozen garbage would stay forever
+        frozen = gc.get_freeze_count()
+        assert frozen > sum(gc.get_count()) and gc.get_freeze_count() == frozen
+        assert not any(o is engine for o in gc.get_objects())  # the engine itself is out of the collector's sight
+        cycle = weakref.ref(_Cycle())
+        gc.collect()
+        assert cycle() is None  # what serving makes after the build is still collected
+    finally:
+        thaw_heap()
+    assert gc.get_freeze_count() == 0
+
+
+def test_the_cli_subcommands_own_their_process_and_freeze_the_heap():
+    args = argparse.Namespace(settings=[])
+    assert engine_config(args, "cpu").gc_freeze is True
+    assert engine_config(argparse.Namespace(settings=["gc_freeze=false"]), "cpu").gc_freeze is False
+    assert EngineConfig().gc_freeze is False
 
 
 def test_the_config_refuses_what_cannot_run():

@@ -6,6 +6,7 @@ name and one default wherever it is set (``code2wav serve/bench --set FIELD=VALU
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, field
 
 import torch
@@ -75,6 +76,14 @@ class EngineConfig:
     restores_in_step: bool | None = None
     # -- the async engine
     max_pending_chunks: int = 16  # chunks one stream may have queued (more: queue_full)
+    # -- the process
+    # Once the engine is built, every object alive (the model, the interpreter's modules) moved out
+    # of the garbage collector's sight (gc.collect, then gc.freeze): a full pass holds the GIL, so
+    # the worker and the event loop both wait it out, and it then walks only what serving made
+    # instead of the whole heap (BENCHMARKS.md, the collector). Process-wide, so off for a library
+    # caller (its host keeps its own collector policy; vLLM freezes its heap itself);
+    # ``code2wav serve`` and ``code2wav bench`` own their process and turn it on.
+    gc_freeze: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -133,9 +142,14 @@ def build_engine(cfg: EngineConfig, model: Decoder | None = None, capture: bool 
     ``capture=False``: graphs planned, none captured yet (``build_async_engine`` captures them
     while serving)."""
     model = model if model is not None else load_model(cfg)
-    if cfg.mode != "exact":
-        return BaselineEngine(model, cfg.mode, cfg.max_streams, cfg.batch_frames(), cfg.idle_timeout,  # type: ignore[arg-type]
-                              cfg.max_prefix_frames)
+    engine = _exact_engine(cfg, model, capture) if cfg.mode == "exact" else \
+        BaselineEngine(model, cfg.mode, cfg.max_streams, cfg.batch_frames(), cfg.idle_timeout, cfg.max_prefix_frames)  # type: ignore[arg-type]
+    if cfg.gc_freeze:
+        freeze_heap()
+    return engine
+
+
+def _exact_engine(cfg: EngineConfig, model: Decoder, capture: bool) -> StreamEngine:
     pool = StatePool(model, cfg.max_streams)
     graphs = cfg.use_graphs()
     runner = (GraphRunner(model, pool, max_batch_frames=cfg.batch_frames(), priority_step_frames=cfg.priority_step_frames) if graphs
@@ -146,6 +160,20 @@ def build_engine(cfg: EngineConfig, model: Decoder | None = None, capture: bool 
     if graphs and capture:
         runner.capture(engine.prefill_shapes())  # type: ignore[union-attr]
     return engine
+
+
+def freeze_heap() -> None:
+    """``gc_freeze``: collect what is garbage now (it would stay forever once frozen), then freeze
+    the rest. A frozen object that later becomes cyclic garbage is freed only after ``gc.unfreeze``."""
+    gc.collect()
+    gc.freeze()
+
+
+def thaw_heap() -> None:
+    """Undo ``freeze_heap`` and collect: an engine built with ``gc_freeze`` and dropped since
+    (its reference cycles were frozen with it) is freed."""
+    gc.unfreeze()
+    gc.collect()
 
 
 def build_async_engine(cfg: EngineConfig, model: Decoder | None = None) -> AsyncEngine:
