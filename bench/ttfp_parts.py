@@ -16,7 +16,9 @@ leg over the first chunks pushed inside the measured window, the device time of 
 1-frame pieces (first chunks' steps on a ramped schedule) and of all steps, how many first rows a group held
 what share of the streams still held a cached state not yet written in at their first push
 (with ``restores_in_step``, their first step writes it) and the garbage collector's passes by
-generation (each holds the GIL: both threads wait; ``gc_freeze`` keeps the full ones short). Session 42 wrote it to break
+generation (each holds the GIL: both threads wait; ``gc_freeze`` keeps the full ones short), how
+late the loop ran a callback due (a 2 ms sleep's overshoot) and the loop's and the worker's CPU
+time as shares of the window. Session 42 wrote it to break
 the 512-stream cached-voice first-packet gap down (BENCHMARKS.md, "Voice clones that repeat").
 
     python3 bench/ttfp_parts.py -- --modes exact-graph --frames 101 --levels 512 \
@@ -28,9 +30,11 @@ simulated device, on a CPU.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -57,6 +61,28 @@ def _on_gc(phase: str, info: dict) -> None:
         pauses.append((_gc_start, time.perf_counter() - _gc_start, info["generation"]))
 
 
+def _cpu_s(ident: int | None) -> float:
+    return time.clock_gettime(time.pthread_getcpuclockid(ident)) if ident is not None else float("nan")
+
+
+async def _sample_loop(ph: dict, every_s: float = 0.002) -> None:
+    """Over the phase's window: how late the loop runs a callback due now (a sleep's overshoot),
+    and the CPU time the loop's and the worker's threads spent, as shares of the window."""
+    await asyncio.sleep(max(0.0, ph["start"] - time.perf_counter()))
+    worker = next((t.ident for t in threading.enumerate() if t.name == "code2wav-step"), None)
+    loop = threading.get_ident()
+    t0, loop0, worker0, lags = time.perf_counter(), _cpu_s(loop), _cpu_s(worker), []
+    while time.perf_counter() < ph["end"]:
+        t = time.perf_counter()
+        await asyncio.sleep(every_s)
+        lags.append(time.perf_counter() - t - every_s)
+    wall = time.perf_counter() - t0
+    lag = np.array(lags) * 1e3
+    ph["loop"] = {"lag_mean_ms": round(float(lag.mean()), 3), "lag_p50_ms": round(float(np.median(lag)), 3),
+                  "lag_p99_ms": round(float(np.percentile(lag, 99)), 3), "loop_cpu_pct": round(100 * (_cpu_s(loop) - loop0) / wall, 1),
+                  "worker_cpu_pct": round(100 * (_cpu_s(worker) - worker0) / wall, 1)}
+
+
 def _patch() -> None:
     workload, submit, take, hand_over, next_group = (bench._workload, AsyncEngine.submit, AsyncEngine._take,
                                                      AsyncEngine._hand_over, Scheduler.next_group)
@@ -69,9 +95,12 @@ def _patch() -> None:
         _cur = None if seed == 99 else {"prefix": prefix, "start": start, "end": start + seconds, "points": {},
                                          "futs": {}, "groups": [], "cached": 0, "firsts": 0,
                                          "last_group": [], "steps": []}
+        sampler = asyncio.ensure_future(_sample_loop(_cur)) if _cur is not None else None
         try:
             return await workload(core, concurrency, frames, schedule, prefix, stagger_s, seed, seconds, **kw)
         finally:
+            if sampler is not None:
+                sampler.cancel()
             if _cur is not None:
                 phases.append(_cur)
             _cur = None
@@ -157,6 +186,7 @@ def summary(ph: dict) -> dict:
     for g in (0, 1, 2):  # the collector's passes inside the window, by generation
         sel = [sec for t, sec, gen in pauses if gen == g and ph["start"] <= t <= ph["end"]]
         out[f"gc{g}"] = {"n": len(sel), "total_ms": round(1e3 * sum(sel), 2), "max_ms": round(1e3 * max(sel, default=0.0), 2)}
+    out["loop"] = ph.get("loop")
     total = np.array([p["landed"] - p["push"] for p in rows]) * 1e3
     out["ttfp"] = {"mean_ms": round(float(total.mean()), 3), "p50_ms": round(float(np.median(total)), 3)} if len(total) else None
     return out

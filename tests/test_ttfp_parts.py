@@ -1,7 +1,8 @@
 """``bench/ttfp_parts.py``: every first chunk pushed inside a timed window is seen at each of its
 six points (pushed, taken by the worker, grouped, launched, handed over, landed), so its legs add up to
 the bench's own first packet; warm-ups are left out; a stream whose prefix was found in the
-cache is counted as such. Run over ``bench/service_host.py``'s simulated device (no decoder)."""
+cache is counted as such; the loop's lateness, the threads' CPU shares and the collector's passes
+are there per phase. Run over ``bench/service_host.py``'s simulated device (no decoder)."""
 
 from __future__ import annotations
 
@@ -32,3 +33,7 @@ def test_each_phase_times_every_leg_of_its_first_chunks():
         assert p["steps_1_frame"]["n"] > 0 and p["steps_all"]["n"] >= p["steps_1_frame"]["n"]  # the first chunks' steps among all
         # the legs are consecutive points of one chunk: their means add up to the first packet's
         assert abs(sum(p[leg]["mean_ms"] for leg in LEGS) - p["ttfp"]["mean_ms"]) < 0.01
+        # the loop's lateness and both threads' CPU shares over the window; the collector's passes in it
+        loop = p["loop"]
+        assert loop["lag_p99_ms"] >= loop["lag_p50_ms"] >= 0 and 0 < loop["loop_cpu_pct"] <= 100 and 0 < loop["worker_cpu_pct"] <= 100
+        assert all(p[f"gc{g}"]["n"] >= 0 and p[f"gc{g}"]["total_ms"] >= p[f"gc{g}"]["max_ms"] >= 0 for g in (0, 1, 2))
