@@ -7,7 +7,8 @@ the GPU (CUDA events around the calls, nothing else queued), and whether it wrot
 bit for bit. Then a stream restored from the cache against one prefilled from the same codes
 (on CUDA, eager and through graphs, with the restore's own launch and inside the step,
 ``restores_in_step``): the same audio, bit for bit; and three cached streams whose first chunks
-share a step (their restores all in its pairs) against one restored alone, through graphs."""
+share a step (their restores all in its pairs) against the same three restored by launches of
+their own, row by row, through graphs."""
 
 from __future__ import annotations
 
@@ -73,26 +74,29 @@ def main() -> int:
             print(f"{'graphs' if graphs else 'eager'}, restores_in_step={in_step}: a restored stream's audio == a prefilled one's: "
                   f"{torch.equal(*audio)} ({engine.prefix_cache_stats()})", flush=True)
     print(f"the pairs kernel, three pairs: each slot written bit for bit (eager, in a CUDA graph): {pairs_written(m)}", flush=True)
-    # Three cached streams whose first chunks share a step, their states written from the step's
-    # pairs (one a row, packed from the front; the 4-row graph's padding row names none), against
-    # the same three streams prefilled, with no cache, in the same rows of the same graph.
+    # Three streams opened with the same prefix whose first chunks share a step, in the same rows
+    # and slots of the same 4-row graph: cached, their states written from the step's pairs;
+    # cached, each written by a launch of its own before the step (the write kernel, checked bit
+    # for bit above); prefilled with no cache (one batched prefill of three rows: in bfloat16 not
+    # the bits of the one-row prefill the cache kept). Their inputs are identical, so within a run
+    # any difference between rows is the step's own (a bfloat16 row's bits may depend on its row).
     audio = {}
-    for cached in (True, False):
-        engine = StreamEngine(m, max_streams=4, max_step_frames=32, prefix_cache_bytes=(1 << 30) if cached else 0, restores_in_step=cached,
+    for name, cache, in_step in (("pairs", True, True), ("own launch", True, False), ("prefilled", False, False)):
+        engine = StreamEngine(m, max_streams=4, max_step_frames=32, prefix_cache_bytes=(1 << 30) if cache else 0, restores_in_step=in_step,
                               runner=GraphRunner(m, StatePool(m, 4), batch_sizes=(4,), frame_sizes=(1, 32)))
         engine.runner.capture(engine.prefill_shapes())
-        alone = prefilled_then_restored(engine, codes)
+        prefilled_then_restored(engine, codes)  # a miss, then a hit alone: the cache holds the voice
         rids = ["a", "b", "c"]
         for rid in rids:
             engine.open(rid, codes[:40])
         first, rest = engine.decode(dict.fromkeys(rids, codes[40:41])), engine.decode(dict.fromkeys(rids, codes[41:60]))
-        audio[cached] = {rid: torch.cat([first[rid], rest[rid]]) for rid in rids}
-        slots = {rid: engine._streams[rid].slot for rid in rids}
-        print(f"graphs, three {'cached' if cached else 'prefilled'} streams in one step (slots {slots}): each one's audio == one "
-              f"{'restored' if cached else 'prefilled'} alone: {[torch.equal(a, alone[1]) for a in audio[cached].values()]} "
-              f"({engine.prefix_cache_stats()}; restores in steps off because: {engine.pool.in_step_off})", flush=True)
-    same = [torch.equal(audio[True][r], audio[False][r]) for r in audio[True]]
-    print(f"graphs, three streams in one step, cached == prefilled, row by row: {same}", flush=True)
+        audio[name] = [torch.cat([first[rid], rest[rid]]) for rid in rids]
+        slots = [engine._streams[rid].slot for rid in rids]
+        print(f"graphs, three streams in one step, {name} (slots {slots}): rows equal to the first row: "
+              f"{[torch.equal(a, audio[name][0]) for a in audio[name]]} ({engine.prefix_cache_stats()}; "
+              f"restores in steps off because: {engine.pool.in_step_off})", flush=True)
+    same = [torch.equal(a, b) for a, b in zip(audio["pairs"], audio["own launch"])]
+    print(f"graphs, three cached streams in one step, restored by the step's pairs == by their own launches, row by row: {same}", flush=True)
     return 0
 
 
