@@ -5,7 +5,7 @@
 # restored by the step's pairs and by launches of their own, same rows and slots, and says which
 # rows of each run equal its first (identical inputs). Then the legs at 512 streams ramped on the
 # defaults (gc_freeze on), with the loop's lateness and the threads' CPU shares
-# per phase: two processes (`long`: three; `quick`: the check alone).
+# per phase: two processes (`long`: three; `one`: one; `quick`: the check alone).
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 legs() {  # $1 name, $2 seconds it may take, then code2wav.bench's extra arguments
@@ -20,6 +20,7 @@ stamp "restore_cost.py: three cached streams in one step, by the step's pairs an
 timeout 150 python3 bench/restore_cost.py bfloat16 300 2>&1 | tee -a "$log"
 [ "${1:-}" = quick ] && { pack_out; exit 0; }
 legs def_1 230
+[ "${1:-}" = one ] && { pack_out; exit 0; }  # the check and one process
 legs def_2 110
 [ "${1:-}" = long ] && legs def_3 110
 pack_out
