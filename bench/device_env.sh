@@ -46,6 +46,17 @@ prefix_levels() {
     --set prefix_cache_bytes=1000000000 "$@" --out "$OUT/$name" 2>&1 | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/$name.txt" | grep -A5 "^mode" | tee -a "$log"
   rm -f "$OUT/$name/plot.png"
 }
+# The legs of a first packet at 512 streams ramped, prefixes none / cached / cached / none, one
+# process (bench/ttfp_parts.py; $1 the run's name, $2 the seconds it may take, then
+# code2wav.bench's extra arguments, e.g. --set gc_freeze=false).
+legs512() {
+  local name=$1 limit=$2; shift 2
+  stamp "512 streams ramped, prefixes 0,200,200,0, legs of the first packet ($name: $*)"
+  timeout "$limit" python3 bench/ttfp_parts.py -- --modes exact-graph --frames 101 --levels 512 \
+    --chunks 1,4,8,16,25 --prefix 0,200,200,0 --voices 8 --seconds 3 --set prefix_cache_bytes=1000000000 "$@" --out "$OUT/$name" 2>&1 \
+    | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/$name.txt" | grep -A6 "^mode" | cut -c1-400 | tee -a "$log"
+  rm -f "$OUT/$name/plot.png"
+}
 # At most 8 files come back from $OUT: at a script's end, everything but the log and Triton's
 # cache goes into one $OUT/results.tgz.
 pack_out() {
