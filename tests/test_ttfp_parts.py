@@ -12,14 +12,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 LEGS = ("push->taken", "taken->grouped", "grouped->launched", "launched->handed", "handed->landed")
 
 
-def test_each_phase_times_every_leg_of_its_first_chunks():
+@pytest.mark.parametrize("restores", ["--free-restores", "--in-step"])
+def test_each_phase_times_every_leg_of_its_first_chunks(restores):
     out = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "ttfp_parts.py"), "--", "host", "--levels", "4", "--seconds", "0.5", "--step-ms", "1,0.1",
-         "--chunks", "1,4", "--prefix", "0,20", "--voices", "2", "--prefix-cache-bytes", "100000000", "--free-restores"],
+         "--chunks", "1,4", "--prefix", "0,20", "--voices", "2", "--prefix-cache-bytes", "100000000", restores],
         capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert out.returncode == 0, out.stderr
