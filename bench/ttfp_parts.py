@@ -25,7 +25,8 @@ the 512-stream cached-voice first-packet gap down (BENCHMARKS.md, "Voice clones 
         --chunks 1,4,8,16,25 --prefix 0,200,200,0 --voices 8 --seconds 3 --set prefix_cache_bytes=1000000000
 
 After ``-- host`` the arguments are ``bench/service_host.py inproc``'s: the same legs over its
-simulated device, on a CPU.
+simulated device, on a CPU. ``python3 bench/ttfp_parts.py --table RUN.txt...``: a markdown row per
+earlier run (its stdout kept as a ``.txt``), for BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -192,8 +193,40 @@ def summary(ph: dict) -> dict:
     return out
 
 
+def table(paths: list[str]) -> str:
+    """A markdown row per process from the outputs of earlier runs (each a ``.txt`` of this
+    script's stdout): throughput and TTFP p50 per phase from the bench's table, the gap of the
+    prefixed phases' first packet over the unprefixed ones', and the legs' means."""
+    head = "| run | throughput x, in order | TTFP p50 ms | gap | " + " | ".join(f"{a} -> {b} ms" for a, b in zip(LEGS, LEGS[1:])) + " |"
+    out = [head, "|" + "---|" * (4 + len(LEGS) - 1)]
+    for path in paths:
+        lines = Path(path).read_text().splitlines()
+        bench_rows = [ln.split() for ln in lines if ln.startswith("exact-")]
+        try:
+            legs = [json.loads(ln) for ln in lines if ln.startswith("{") and '"steps_1_frame"' in ln]
+        except json.JSONDecodeError:  # a line cut short
+            legs = []
+        if not bench_rows or len(legs) != len(bench_rows):
+            out.append(f"| {Path(path).stem} | incomplete | | | |")
+            continue
+        x, ttfp = [float(r[4]) for r in bench_rows], [float(r[7]) for r in bench_rows]
+        pfx = [d["prefix"] for d in legs]
+        none = [t for t, p in zip(ttfp, pfx) if p == 0]
+        some = [t for t, p in zip(ttfp, pfx) if p != 0]
+        xn, xs = [v for v, p in zip(x, pfx) if p == 0], [v for v, p in zip(x, pfx) if p != 0]
+        gap = f"{100 * (np.mean(some) / np.mean(none) - 1):+.1f} % ({np.mean(some) - np.mean(none):+.2f} ms)" if none and some else ""
+        share = f" ({100 * np.mean(xs) / np.mean(xn):.1f} %)" if xn and xs else ""
+        cells = [" / ".join(f"{d[f'{a}->{b}']['mean_ms']:.2f}" for d in legs) for a, b in zip(LEGS, LEGS[1:])]
+        out.append(f"| {Path(path).stem} | {' / '.join(f'{v:,.0f}' for v in x)}{share} | {' / '.join(f'{t:.2f}' for t in ttfp)} | {gap} | "
+                   + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def main() -> int:
     args = sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else sys.argv[1:]
+    if sys.argv[1:2] == ["--table"]:  # earlier runs' outputs, summarized
+        print(table(sys.argv[2:]))
+        return 0
     _patch()
     if args[:1] == ["host"]:  # bench/service_host.py inproc: the simulated device's run, on a CPU
         sys.path.insert(0, str(Path(__file__).parent))
