@@ -1199,10 +1199,10 @@ def test_a_cached_state_goes_in_inside_the_streams_first_step_and_equals_the_for
     assert len(staged) == 3 and not any(s.held for s in staged), "no snapshot held past its step"
 
 
-def three_cached_streams_in_one_step(engine: StreamEngine, before_them=lambda: None) -> dict[str, bool]:
+def three_cached_streams_in_one_step(engine: StreamEngine, before_them=lambda: None, audio: dict | None = None) -> dict[str, bool]:
     """A stream prefills a voice (a miss, then cached); three more open with it and decode their
     first 2 frames in one step, the rest in another. Per stream: whether its audio is the
-    whole-utterance forward's (float32, 1e-4)."""
+    whole-utterance forward's (float32, 1e-4); ``audio`` gets each one's audio."""
     from tests.models import forward_audio
 
     voice = random_codes(12, SMALL, seed=31)
@@ -1215,6 +1215,8 @@ def three_cached_streams_in_one_step(engine: StreamEngine, before_them=lambda: N
         engine.open(rid, voice)
     out = engine.decode({rid: t[:2] for rid, t in tails.items()})
     rest = engine.decode({rid: t[2:] for rid, t in tails.items()})
+    if audio is not None:
+        audio.update({rid: torch.cat([out[rid], rest[rid]]) for rid in tails})
     return {rid: close(torch.cat([out[rid], rest[rid]]), forward_audio(engine.model, torch.cat([voice, t]))[12 * 1920 :], 1e-4) for rid, t in tails.items()}
 
 
@@ -1222,12 +1224,21 @@ def test_every_cached_first_chunk_of_a_step_goes_in_as_one_of_its_pairs(monkeypa
     """Three cached streams whose first chunks share a step: the step's inputs carry a restore
     pair a row, so all three go in inside it and none by a launch of its own (on the GPU each
     such launch on the worker let the event loop take the interpreter lock from the step's host
-    path); each stream's audio is the forward's."""
+    path); each stream's audio is the forward's, and bit for bit what the same three get in the
+    same slots and rows when each state goes in by a launch of its own before the step (the write
+    kernel; bench/restore_cost.py asks the same of a GPU)."""
     engine, launches = _in_step_engine(monkeypatch, 3)
-    exact = three_cached_streams_in_one_step(engine, before_them=launches.clear)
+    audio: dict[bool, dict] = {True: {}, False: {}}
+    exact = three_cached_streams_in_one_step(engine, before_them=launches.clear, audio=audio[True])
     stats = engine.prefix_cache_stats()
     assert "write" not in launches and stats["hits"] == 3 and (stats["restored_in_step"], stats["restored_alone"]) == (3, 0)
     assert all(exact.values()), exact
+    own = StreamEngine(engine.model, max_streams=3, prefix_cache_bytes=64 << 20, restores_in_step=False)
+    three_cached_streams_in_one_step(own, before_them=launches.clear, audio=audio[False])
+    assert launches.count("write") == 3 and own.prefix_cache_stats()["restored_alone"] == 3
+    slots = lambda e: {rid: st.slot for rid, st in e._streams.items()}  # noqa: E731
+    assert slots(engine) == slots(own)  # the same slots, so the same rows
+    assert all(torch.equal(audio[True][rid], audio[False][rid]) for rid in audio[True])
 
 
 @pytest.mark.parametrize("broken", ["first pair only", "past the empty pair"])
