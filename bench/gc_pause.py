@@ -40,9 +40,9 @@ def main() -> None:
         if frozen:
             freeze_heap()
             out["frozen_objects"] = gc.get_freeze_count()
-        kept = [{"n": [i]} for i in range(a.objects)]
-        out["heap_objects" if not frozen else "heap_objects_frozen"] = len(gc.get_objects())
-        out["full_pass_ms" if not frozen else "full_pass_frozen_ms"] = round(full_pass_ms(), 2)
+        kept, sfx = [{"n": [i]} for i in range(a.objects)], "_frozen" if frozen else ""
+        out[f"heap_objects{sfx}"] = len(gc.get_objects())
+        out[f"full_pass{sfx}_ms"] = round(full_pass_ms(), 2)
         del kept
     thaw_heap()
     print(json.dumps(out))

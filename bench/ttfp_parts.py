@@ -209,13 +209,11 @@ def table(paths: list[str]) -> str:
         if not bench_rows or len(legs) != len(bench_rows):
             out.append(f"| {Path(path).stem} | incomplete | | | |")
             continue
-        x, ttfp = [float(r[4]) for r in bench_rows], [float(r[7]) for r in bench_rows]
-        pfx = [d["prefix"] for d in legs]
-        none = [t for t, p in zip(ttfp, pfx) if p == 0]
-        some = [t for t, p in zip(ttfp, pfx) if p != 0]
-        xn, xs = [v for v, p in zip(x, pfx) if p == 0], [v for v, p in zip(x, pfx) if p != 0]
-        gap = f"{100 * (np.mean(some) / np.mean(none) - 1):+.1f} % ({np.mean(some) - np.mean(none):+.2f} ms)" if none and some else ""
-        share = f" ({100 * np.mean(xs) / np.mean(xn):.1f} %)" if xn and xs else ""
+        x, ttfp = np.array([float(r[4]) for r in bench_rows]), np.array([float(r[7]) for r in bench_rows])
+        pfx = np.array([d["prefix"] != 0 for d in legs])  # the prefixed phases
+        both = pfx.any() and not pfx.all()
+        gap = f"{100 * (ttfp[pfx].mean() / ttfp[~pfx].mean() - 1):+.1f} % ({ttfp[pfx].mean() - ttfp[~pfx].mean():+.2f} ms)" if both else ""
+        share = f" ({100 * x[pfx].mean() / x[~pfx].mean():.1f} %)" if both else ""
         cells = [" / ".join(f"{d[f'{a}->{b}']['mean_ms']:.2f}" for d in legs) for a, b in zip(LEGS, LEGS[1:])]
         out.append(f"| {Path(path).stem} | {' / '.join(f'{v:,.0f}' for v in x)}{share} | {' / '.join(f'{t:.2f}' for t in ttfp)} | {gap} | "
                    + " | ".join(cells) + " |")

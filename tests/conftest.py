@@ -32,7 +32,9 @@ def _heap_thawed():
     process's heap; the next test starts with it handed back, so nothing frozen outlives its test."""
     yield
     if gc.get_freeze_count():
-        gc.unfreeze()
+        from code2wav.engine.build import thaw_heap
+
+        thaw_heap()
 
 
 @pytest.fixture(scope="session")
