@@ -73,7 +73,7 @@ async def _sample_loop(ph: dict, every_s: float = 0.002) -> None:
     worker = next((t.ident for t in threading.enumerate() if t.name == "code2wav-step"), None)
     loop = threading.get_ident()
     t0, loop0, worker0, lags = time.perf_counter(), _cpu_s(loop), _cpu_s(worker), []
-    while time.perf_counter() < ph["end"]:
+    while not lags or time.perf_counter() < ph["end"]:  # one sample at least, however late this began
         t = time.perf_counter()
         await asyncio.sleep(every_s)
         lags.append(time.perf_counter() - t - every_s)
@@ -98,9 +98,12 @@ def _patch() -> None:
                                          "last_group": [], "steps": []}
         sampler = asyncio.ensure_future(_sample_loop(_cur)) if _cur is not None else None
         try:
-            return await workload(core, concurrency, frames, schedule, prefix, stagger_s, seed, seconds, **kw)
+            result = await workload(core, concurrency, frames, schedule, prefix, stagger_s, seed, seconds, **kw)
+            if sampler is not None:  # it ends by itself once the window has (the workload may end first)
+                await sampler
+            return result
         finally:
-            if sampler is not None:
+            if sampler is not None and not sampler.done():  # the workload failed
                 sampler.cancel()
             if _cur is not None:
                 phases.append(_cur)
