@@ -72,16 +72,21 @@ async def _sample_loop(ph: dict, every_s: float = 0.002) -> None:
     await asyncio.sleep(max(0.0, ph["start"] - time.perf_counter()))
     worker = next((t.ident for t in threading.enumerate() if t.name == "code2wav-step"), None)
     loop = threading.get_ident()
-    t0, loop0, worker0, lags = time.perf_counter(), _cpu_s(loop), _cpu_s(worker), []
-    while not lags or time.perf_counter() < ph["end"]:  # one sample at least, however late this began
+    first = last = (time.perf_counter(), _cpu_s(loop), _cpu_s(worker))
+    lags: list[float] = []
+    while not lags or last[0] < ph["end"]:  # one sample at least, however late this began
         t = time.perf_counter()
         await asyncio.sleep(every_s)
         lags.append(time.perf_counter() - t - every_s)
-    wall = time.perf_counter() - t0
+        try:  # the clocks at each sample: the shares end at the last one the worker was alive for
+            last = (time.perf_counter(), _cpu_s(loop), _cpu_s(worker))
+        except OSError:  # the worker has ended: the workload stopped before its window did
+            break
+    wall, loop_s, worker_s = (b - a for a, b in zip(first, last))
     lag = np.array(lags) * 1e3
     ph["loop"] = {"lag_mean_ms": round(float(lag.mean()), 3), "lag_p50_ms": round(float(np.median(lag)), 3),
-                  "lag_p99_ms": round(float(np.percentile(lag, 99)), 3), "loop_cpu_pct": round(100 * (_cpu_s(loop) - loop0) / wall, 1),
-                  "worker_cpu_pct": round(100 * (_cpu_s(worker) - worker0) / wall, 1)}
+                  "lag_p99_ms": round(float(np.percentile(lag, 99)), 3), "loop_cpu_pct": round(100 * loop_s / wall, 1) if wall else None,
+                  "worker_cpu_pct": round(100 * worker_s / wall, 1) if wall else None}
 
 
 def _patch() -> None:
