@@ -48,11 +48,12 @@ prefix_levels() {
 }
 # The legs of a first packet at 512 streams ramped, prefixes none / cached / cached / none, one
 # process (bench/ttfp_parts.py; $1 the run's name, $2 the seconds it may take, then
-# code2wav.bench's extra arguments, e.g. --set gc_freeze=false).
+# code2wav.bench's extra arguments, e.g. --set gc_freeze=false; $SWITCH_MS, where set: the GIL's
+# switch interval for the run, ttfp_parts.py's --switch-interval).
 legs512() {
   local name=$1 limit=$2; shift 2
-  stamp "512 streams ramped, prefixes 0,200,200,0, legs of the first packet ($name: $*)"
-  timeout "$limit" python3 bench/ttfp_parts.py -- --modes exact-graph --frames 101 --levels 512 \
+  stamp "512 streams ramped, prefixes 0,200,200,0, legs of the first packet ($name: $* ${SWITCH_MS:+switch interval $SWITCH_MS ms})"
+  timeout "$limit" python3 bench/ttfp_parts.py ${SWITCH_MS:+--switch-interval "$SWITCH_MS"} -- --modes exact-graph --frames 101 --levels 512 \
     --chunks 1,4,8,16,25 --prefix 0,200,200,0 --voices 8 --seconds 3 --set prefix_cache_bytes=1000000000 "$@" --out "$OUT/$name" 2>&1 \
     | tr "\r" "\n" | grep -v "it/s]" | tee "$OUT/$name.txt" | grep -A6 "^mode" | cut -c1-400 | tee -a "$log"
   rm -f "$OUT/$name/plot.png"

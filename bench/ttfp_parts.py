@@ -26,7 +26,9 @@ the 512-stream cached-voice first-packet gap down (BENCHMARKS.md, "Voice clones 
 
 After ``-- host`` the arguments are ``bench/service_host.py inproc``'s: the same legs over its
 simulated device, on a CPU. ``python3 bench/ttfp_parts.py --table RUN.txt...``: a markdown row per
-earlier run (its stdout kept as a ``.txt``), for BENCHMARKS.md.
+earlier run (its stdout kept as a ``.txt``), for BENCHMARKS.md. ``--switch-interval MS`` before
+``--``: ``sys.setswitchinterval`` for the run (how long a thread waiting for the GIL lets the one
+holding it run before asking it to let go; CPython's default 5 ms).
 """
 
 from __future__ import annotations
@@ -195,7 +197,7 @@ def summary(ph: dict) -> dict:
     for g in (0, 1, 2):  # the collector's passes inside the window, by generation
         sel = [sec for t, sec, gen in pauses if gen == g and ph["start"] <= t <= ph["end"]]
         out[f"gc{g}"] = {"n": len(sel), "total_ms": round(1e3 * sum(sel), 2), "max_ms": round(1e3 * max(sel, default=0.0), 2)}
-    out["loop"] = ph.get("loop")
+    out["loop"] = ph.get("loop") and {**ph["loop"], "switch_interval_ms": sys.getswitchinterval() * 1e3}
     total = np.array([p["landed"] - p["push"] for p in rows]) * 1e3
     out["ttfp"] = {"mean_ms": round(float(total.mean()), 3), "p50_ms": round(float(np.median(total)), 3)} if len(total) else None
     return out
@@ -233,6 +235,8 @@ def main() -> int:
     if sys.argv[1:2] == ["--table"]:  # earlier runs' outputs, summarized
         print(table(sys.argv[2:]))
         return 0
+    if sys.argv[1:2] == ["--switch-interval"]:
+        sys.setswitchinterval(float(sys.argv[2]) / 1e3)
     _patch()
     if args[:1] == ["host"]:  # bench/service_host.py inproc: the simulated device's run, on a CPU
         sys.path.insert(0, str(Path(__file__).parent))

@@ -18,10 +18,10 @@ ROOT = Path(__file__).resolve().parent.parent
 LEGS = ("push->taken", "taken->grouped", "grouped->launched", "launched->handed", "handed->landed")
 
 
-@pytest.mark.parametrize("restores", ["--free-restores", "--in-step"])
-def test_each_phase_times_every_leg_of_its_first_chunks(restores):
+@pytest.mark.parametrize(("restores", "switch"), [("--free-restores", []), ("--in-step", ["--switch-interval", "0.5"])])
+def test_each_phase_times_every_leg_of_its_first_chunks(restores, switch):
     out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "ttfp_parts.py"), "--", "host", "--levels", "4", "--seconds", "0.5", "--step-ms", "1,0.1",
+        [sys.executable, str(ROOT / "bench" / "ttfp_parts.py"), *switch, "--", "host", "--levels", "4", "--seconds", "0.5", "--step-ms", "1,0.1",
          "--chunks", "1,4", "--prefix", "0,20", "--voices", "2", "--prefix-cache-bytes", "100000000", restores],
         capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
@@ -39,4 +39,5 @@ def test_each_phase_times_every_leg_of_its_first_chunks(restores):
         # the loop's lateness and both threads' CPU shares over the window; the collector's passes in it
         loop = p["loop"]
         assert loop["lag_p99_ms"] >= loop["lag_p50_ms"] >= 0 and 0 < loop["loop_cpu_pct"] <= 100 and 0 < loop["worker_cpu_pct"] <= 100
+        assert loop["switch_interval_ms"] == pytest.approx(0.5 if switch else 5.0)  # the GIL's switch interval the run had
         assert all(p[f"gc{g}"]["n"] >= 0 and p[f"gc{g}"]["total_ms"] >= p[f"gc{g}"]["max_ms"] >= 0 for g in (0, 1, 2))

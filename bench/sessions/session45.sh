@@ -6,7 +6,9 @@
 # own launches, row by row: the open exactness question), then the legs at 512 streams ramped in the
 # usual order (none / cached / cached / none) and reversed (cached / none / none / cached), to tell
 # a cached phase from the first phase after a switch; each with the loop's lateness and the threads'
-# CPU shares. `quick`: the check alone; `long`: one more process of each order.
+# CPU shares; then the usual order with the GIL's switch interval at 0.5 ms (CPython's 5 ms lets the
+# worker hold the GIL that long while the loop waits to land a result). `quick`: the check alone;
+# `long`: one more process of each order.
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
 stamp "restore_cost.py: three cached streams in one step, by the step's pairs and by their own launches"
@@ -14,6 +16,7 @@ timeout 150 python3 bench/restore_cost.py bfloat16 300 2>&1 | tee -a "$log"
 [ "${1:-}" = quick ] && { pack_out; exit 0; }
 legs512 usual_1 230
 legs512 reversed_1 110 --prefix 200,0,0,200
+SWITCH_MS=0.5 legs512 switch05_1 110
 if [ "${1:-}" = long ]; then
   legs512 usual_2 110
   legs512 reversed_2 110 --prefix 200,0,0,200
