@@ -9,9 +9,16 @@
 # CPU shares; then the usual order with the GIL's switch interval at 0.5 ms (CPython's 5 ms lets the
 # worker hold the GIL that long while the loop waits to land a result). `quick`: the check alone;
 # `long`: one more process of each order; `again` (session 45's second call, on the warm machine):
-# no check, one more process of each order and of the usual order once more.
+# no check, one more process of each order and of the usual order once more; `start2` (another
+# start, another host): one process of each order.
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"
+if [ "${1:-}" = start2 ]; then
+  legs512 usual_4 230
+  legs512 reversed_4 110 --prefix 200,0,0,200
+  python3 bench/ttfp_parts.py --table "$OUT"/*_[0-9].txt | tee -a "$log"
+  pack_out; exit 0
+fi
 if [ "${1:-}" = again ]; then
   legs512 usual_2 110
   legs512 reversed_2 110 --prefix 200,0,0,200
