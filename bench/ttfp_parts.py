@@ -72,7 +72,7 @@ async def _sample_loop(ph: dict, every_s: float = 0.002) -> None:
     """Over the phase's window: how late the loop runs a callback due now (a sleep's overshoot),
     and the CPU time the loop's and the worker's threads spent, as shares of the window."""
     await asyncio.sleep(max(0.0, ph["start"] - time.perf_counter()))
-    worker = next((t.ident for t in threading.enumerate() if t.name == "code2wav-step"), None)
+    worker = ph.get("worker")  # the engine's own thread, as its first submit saw it
     loop = threading.get_ident()
     first = last = (time.perf_counter(), _cpu_s(loop), _cpu_s(worker))
     lags: list[float] = []
@@ -121,6 +121,7 @@ def _patch() -> None:
         ph = _cur
         if ph is not None and request_id not in ph["points"]:
             p = ph["points"][request_id] = {"push": time.perf_counter()}
+            ph.setdefault("worker", self._thread.ident)
             st = getattr(self.engine, "_streams", {}).get(request_id)  # a state found in the prefix cache at open, not in yet
             ph["cached"] += st is not None and getattr(st, "cached", None) is not None
             ph["futs"][id(fut)] = request_id
